@@ -1,0 +1,169 @@
+"""Scaled dot-product attention and multi-head attention (lessons 01 and 02).
+
+    Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V            (Vaswani et al., 2017, eq. 1)
+    MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O,
+        head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V)
+
+Masks follow ``course_lib.masks``: boolean, ``True`` = may attend.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from .masks import check_mask
+from .tracing import trace
+
+__all__ = ["scaled_dot_product_attention", "MultiHeadAttention"]
+
+
+def scaled_dot_product_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    dropout: nn.Module | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """softmax(Q K^T / sqrt(d_k)) V, with an optional boolean mask.
+
+    Args:
+        query: ``(..., L_q, d_k)``
+        key:   ``(..., L_k, d_k)``
+        value: ``(..., L_k, d_v)``
+        mask:  bool, broadcastable to ``(..., L_q, L_k)``; ``True`` = may attend.
+        dropout: optional module applied to the weights before they mix the values
+            (``nn.Dropout(p)``); the returned weights are the ones *before* dropout.
+
+    Returns:
+        ``(output, weights)``: output ``(..., L_q, d_v)``, weights ``(..., L_q, L_k)``.
+        A query whose keys are all masked gets zero weights and a zero output (never NaN).
+    """
+    if query.dim() < 2 or key.dim() < 2 or value.dim() < 2:
+        raise ValueError(
+            "scaled_dot_product_attention: query, key and value need at least 2 dims (L, d); got "
+            f"{tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)}"
+        )
+    if query.size(-1) != key.size(-1):
+        raise ValueError(
+            f"scaled_dot_product_attention: query and key must share their last dim d_k, got "
+            f"query {tuple(query.shape)} and key {tuple(key.shape)}"
+        )
+    if key.size(-2) != value.size(-2):
+        raise ValueError(
+            f"scaled_dot_product_attention: key and value must have the same length L_k, got "
+            f"key {tuple(key.shape)} and value {tuple(value.shape)}"
+        )
+    d_k = query.size(-1)
+    scores = query @ key.transpose(-2, -1) / math.sqrt(d_k)  # (..., L_q, L_k)
+    if mask is not None:
+        check_mask(mask, scores.shape, "scaled_dot_product_attention")
+        # A finite "minus infinity": exp(min - max) is exactly 0 for every row that has at least
+        # one visible key, and a fully masked row becomes uniform instead of NaN (0/0) ...
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    weights = scores.softmax(dim=-1)
+    if mask is not None:
+        # ... and is then zeroed, so it contributes nothing and its gradient stays finite.
+        weights = weights.masked_fill(~mask, 0.0)
+    mixing = dropout(weights) if dropout is not None else weights
+    return mixing @ value, weights  # (..., L_q, d_v), (..., L_q, L_k)
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention with separate Q, K, V projections and an output projection.
+
+    Args:
+        d_model: width of the input and output vectors.
+        num_heads: number of heads ``h``; ``d_model`` must be divisible by it
+            (each head works in ``head_dim = d_model // num_heads`` dimensions).
+        dropout: dropout on the attention weights.
+        bias: whether the four projections have biases.
+
+    Getting the attention weights: after every forward pass the module keeps the weights it used
+    in ``self.attn_weights``, a detached tensor ``(B, num_heads, L_q, L_k)`` (before dropout).
+    ``forward(..., return_attention=True)`` returns them as well, without relying on that state.
+    """
+
+    def __init__(self, d_model: int, num_heads: int, dropout: float = 0.0, bias: bool = True) -> None:
+        super().__init__()
+        if d_model <= 0 or num_heads <= 0:
+            raise ValueError(f"MultiHeadAttention: d_model and num_heads must be positive, got {d_model}, {num_heads}")
+        if d_model % num_heads != 0:
+            raise ValueError(
+                f"MultiHeadAttention: d_model={d_model} is not divisible by num_heads={num_heads}; "
+                f"choose num_heads among the divisors of {d_model} (each head gets d_model // num_heads dims)"
+            )
+        self.d_model = d_model
+        self.num_heads = num_heads
+        self.head_dim = d_model // num_heads
+        self.q_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.k_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.v_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.dropout = nn.Dropout(dropout)
+        self.attn_weights: torch.Tensor | None = None
+
+    def split_heads(self, x: torch.Tensor) -> torch.Tensor:
+        """``(B, L, d_model) -> (B, num_heads, L, head_dim)``."""
+        B, L, _ = x.shape
+        return x.view(B, L, self.num_heads, self.head_dim).transpose(1, 2)  # (B, L, h, hd) -> (B, h, L, hd)
+
+    def merge_heads(self, x: torch.Tensor) -> torch.Tensor:
+        """``(B, num_heads, L, head_dim) -> (B, L, d_model)``."""
+        B, _, L, _ = x.shape
+        return x.transpose(1, 2).reshape(B, L, self.d_model)  # (B, h, L, hd) -> (B, L, h, hd) -> (B, L, d)
+
+    def _check_inputs(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> None:
+        for name, t in (("query", query), ("key", key), ("value", value)):
+            if t.dim() != 3 or t.size(-1) != self.d_model:
+                raise ValueError(
+                    f"MultiHeadAttention: {name} must be (B, L, d_model={self.d_model}), got {tuple(t.shape)}"
+                )
+            if t.size(0) == 0 or t.size(1) == 0:
+                raise ValueError(f"MultiHeadAttention: {name} is empty, shape {tuple(t.shape)}")
+        if not query.size(0) == key.size(0) == value.size(0):
+            raise ValueError(
+                "MultiHeadAttention: query, key and value must have the same batch size, got "
+                f"{query.size(0)}, {key.size(0)}, {value.size(0)}"
+            )
+        if key.size(1) != value.size(1):
+            raise ValueError(
+                f"MultiHeadAttention: key and value must have the same length, got {key.size(1)} and {value.size(1)}"
+            )
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        return_attention: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Attend from ``query`` positions to ``key``/``value`` positions.
+
+        Args:
+            query: ``(B, L_q, d_model)``
+            key:   ``(B, L_k, d_model)``
+            value: ``(B, L_k, d_model)``
+            mask:  bool, ``(L_q, L_k)``, ``(B, 1, L_k)``, ``(B, L_q, L_k)`` or already 4-D
+                ``(B, 1 or num_heads, L_q, L_k)``; ``True`` = may attend.
+            return_attention: also return the weights ``(B, num_heads, L_q, L_k)``.
+
+        Returns:
+            ``(B, L_q, d_model)`` (and the weights when ``return_attention``).
+        """
+        self._check_inputs(query, key, value)
+        if mask is not None and mask.dim() in (2, 3):
+            mask = mask.unsqueeze(-3)  # (..., L_q, L_k) -> (..., 1, L_q, L_k): same mask for all heads
+        q = self.split_heads(self.q_proj(query))  # (B, h, L_q, hd)
+        k = self.split_heads(self.k_proj(key))  # (B, h, L_k, hd)
+        v = self.split_heads(self.v_proj(value))  # (B, h, L_k, hd)
+        trace("MultiHeadAttention", "q after split_heads", q)
+        heads, weights = scaled_dot_product_attention(q, k, v, mask, self.dropout)  # (B, h, L_q, hd)
+        self.attn_weights = weights.detach()
+        trace("MultiHeadAttention", "attention weights", weights)
+        out = self.out_proj(self.merge_heads(heads))  # (B, L_q, d_model)
+        trace("MultiHeadAttention", "output", out)
+        return (out, weights) if return_attention else out

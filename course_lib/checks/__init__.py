@@ -1,0 +1,17 @@
+"""Exercise checkers: ``check_xxx(your_function_or_class)``.
+
+A checker runs your code and course_lib's reference on several seeded inputs. It prints one line
+when everything matches; otherwise it raises ``AssertionError`` naming the likely mistake and how
+to fix it. An exercise you have not started (it raises ``NotImplementedError``) just prints a reminder.
+
+One module per lesson: attention (01), multi_head (02), embeddings (03), encoder (04),
+decoder (05), training (06).
+"""
+
+from ._common import CheckFailure
+from .attention import *  # noqa: F403
+from .decoder import *  # noqa: F403
+from .embeddings import *  # noqa: F403
+from .encoder import *  # noqa: F403
+from .multi_head import *  # noqa: F403
+from .training import *  # noqa: F403

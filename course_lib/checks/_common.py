@@ -1,0 +1,123 @@
+"""What every checker shares: friendly "not implemented yet", shape checks, and naming the mistake.
+
+How a checker names a mistake: it runs the learner's code and course_lib's reference on the same
+seeded inputs. If they differ, it also runs *deliberately wrong* variants of the reference (no
+scaling, softmax over the wrong axis, ...) and reports the first variant the learner's output
+matches. Only if none matches does it fall back to a generic message with the largest difference.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+__all__ = ["Mistake", "CheckFailure", "checker", "expect_shape", "expect_finite", "compare", "passed"]
+
+ATOL = 1e-5
+
+
+class CheckFailure(AssertionError):
+    """Raised by a checker; the message says what is wrong and how to fix it."""
+
+
+@dataclass
+class Mistake:
+    """A known wrong variant: ``compute(*inputs)`` gives what the mistaken code would output."""
+
+    name: str
+    hint: str
+    compute: Callable[..., Any]
+
+
+def checker(func: Callable[..., None]) -> Callable[..., bool | None]:
+    """Decorator: an unimplemented exercise prints one friendly line instead of a traceback.
+
+    The wrapped checker returns True on success and None when the exercise is not done yet; a wrong
+    answer raises ``CheckFailure`` (an ``AssertionError``).
+    """
+
+    @functools.wraps(func)
+    def wrapper(candidate: Any, *args: Any, **kwargs: Any) -> bool | None:
+        try:
+            func(candidate, *args, **kwargs)
+        except NotImplementedError:
+            name = getattr(candidate, "__name__", type(candidate).__name__)
+            print(f"{func.__name__}: `{name}` is not implemented yet. Fill in the TODO and run this cell again.")
+            return None
+        return True
+
+    return wrapper
+
+
+def _as_tensors(out: Any) -> tuple[torch.Tensor, ...]:
+    if isinstance(out, torch.Tensor):
+        return (out,)
+    return tuple(out)
+
+
+def expect_shape(got: torch.Tensor, expected: Sequence[int], what: str, fix: str = "") -> None:
+    """Fail with the expected and the actual shape."""
+    if not isinstance(got, torch.Tensor):
+        raise CheckFailure(f"Wrong type: {what} should be a torch.Tensor, got {type(got).__name__}.")
+    if tuple(got.shape) != tuple(expected):
+        raise CheckFailure(
+            f"Wrong output shape: {what} has shape {tuple(got.shape)}, expected {tuple(expected)}. {fix}".strip()
+        )
+
+
+def expect_finite(got: torch.Tensor, what: str, fix: str) -> None:
+    """Fail if ``got`` holds NaN or infinity."""
+    if not torch.isfinite(got).all():
+        raise CheckFailure(f"{what} contains NaN or inf. {fix}")
+
+
+def _close(a: Any, b: Any, atol: float) -> bool:
+    a_t, b_t = _as_tensors(a), _as_tensors(b)
+    if len(a_t) != len(b_t):
+        return False
+    for x, y in zip(a_t, b_t):
+        if not isinstance(x, torch.Tensor) or x.shape != y.shape:
+            return False
+        if not torch.allclose(x.float(), y.float(), atol=atol, rtol=1e-4, equal_nan=True):
+            return False
+    return True
+
+
+def compare(
+    got: Any,
+    expected: Any,
+    inputs: Sequence[Any],
+    mistakes: Sequence[Mistake],
+    case: str,
+    atol: float = ATOL,
+) -> None:
+    """Pass if ``got`` equals ``expected``; otherwise name the first mistake whose output ``got`` matches."""
+    if _close(got, expected, atol):
+        return
+    for mistake in mistakes:
+        try:
+            wrong = mistake.compute(*inputs)
+        except Exception:  # a variant that cannot run on this case simply does not match
+            continue
+        if _close(got, wrong, atol):
+            raise CheckFailure(f"Likely mistake ({case}): {mistake.name}. {mistake.hint}")
+    got_t, exp_t = _as_tensors(got), _as_tensors(expected)
+    diffs = [
+        (g.float() - e.float()).abs().max().item()
+        for g, e in zip(got_t, exp_t)
+        if isinstance(g, torch.Tensor) and g.shape == e.shape
+    ]
+    detail = f"largest difference {max(diffs):.3g}" if diffs else "different shapes or number of outputs"
+    raise CheckFailure(
+        f"Output differs from course_lib's reference ({case}): {detail}. None of the usual mistakes "
+        "explains it; print both for a small input and compare step by step."
+    )
+
+
+def passed(name: str, n_cases: int) -> None:
+    """Print the one-line success message."""
+    print(f"{name}: all {n_cases} cases match course_lib's reference. Well done!")

@@ -1,0 +1,165 @@
+"""Loss, learning-rate schedule and training loop (lesson 06).
+
+    lrate = d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)          (paper, section 5.3)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from tqdm import tqdm
+
+from .data import CopyTask
+from .decoding import greedy_decode
+from .model import Transformer, TransformerConfig
+
+__all__ = [
+    "LabelSmoothingLoss",
+    "noam_lr",
+    "noam_scheduler",
+    "train",
+    "exact_match",
+    "train_copy_task",
+]
+
+
+class LabelSmoothingLoss(nn.Module):
+    """Cross-entropy against a smoothed target distribution, ignoring padding.
+
+    For each non-pad label ``y`` the target puts ``1 - smoothing`` on ``y``, ``0`` on ``<pad>`` and
+    spreads ``smoothing`` evenly over the other ``V - 2`` classes (the Annotated Transformer's
+    choice). ``nn.CrossEntropyLoss(label_smoothing=s)`` instead spreads ``s`` over *all* V classes,
+    the label and pad included.
+
+    ``forward(logits (B, L, V) or (N, V), labels (B, L) or (N,)) -> scalar``: mean over non-pad labels.
+    """
+
+    def __init__(self, vocab_size: int, pad_id: int, smoothing: float = 0.1) -> None:
+        super().__init__()
+        if not 0.0 <= smoothing < 1.0:
+            raise ValueError(f"LabelSmoothingLoss: smoothing must be in [0, 1), got {smoothing}")
+        if vocab_size < 3:
+            raise ValueError(f"LabelSmoothingLoss: vocab_size must be >= 3, got {vocab_size}")
+        self.vocab_size = vocab_size
+        self.pad_id = pad_id
+        self.smoothing = smoothing
+
+    def target_distribution(self, labels: torch.Tensor) -> torch.Tensor:
+        """``labels (N,) -> (N, V)`` smoothed target rows (all-zero rows for pad labels)."""
+        dist = torch.full((labels.size(0), self.vocab_size), self.smoothing / (self.vocab_size - 2))
+        dist = dist.to(labels.device)
+        dist.scatter_(1, labels.unsqueeze(1), 1.0 - self.smoothing)
+        dist[:, self.pad_id] = 0.0
+        dist[labels == self.pad_id] = 0.0
+        return dist
+
+    def forward(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        if logits.shape[:-1] != labels.shape or logits.size(-1) != self.vocab_size:
+            raise ValueError(
+                f"LabelSmoothingLoss: logits must be labels.shape + (V={self.vocab_size},), got logits "
+                f"{tuple(logits.shape)} and labels {tuple(labels.shape)}"
+            )
+        logits = logits.reshape(-1, self.vocab_size)  # (B, L, V) -> (B*L, V)
+        labels = labels.reshape(-1)  # (B, L) -> (B*L,)
+        num_tokens = (labels != self.pad_id).sum()
+        if num_tokens == 0:
+            raise ValueError("LabelSmoothingLoss: every label is padding; there is nothing to learn from")
+        log_probs = F.log_softmax(logits, dim=-1)
+        return -(self.target_distribution(labels) * log_probs).sum() / num_tokens
+
+
+def noam_lr(step: int, d_model: int, warmup: int, factor: float = 1.0) -> float:
+    """The paper's learning rate at ``step``; step 0 is treated as step 1 (no division by zero)."""
+    if warmup < 1:
+        raise ValueError(f"noam_lr: warmup must be >= 1, got {warmup}")
+    step = max(step, 1)
+    return factor * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
+
+
+def noam_scheduler(
+    optimizer: torch.optim.Optimizer, d_model: int, warmup: int, factor: float = 1.0
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """A ``LambdaLR`` that sets the learning rate to ``noam_lr(step)`` (create the optimizer with lr=1)."""
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: noam_lr(step, d_model, warmup, factor))
+
+
+def train(
+    model: nn.Module,
+    next_batch: Callable[[int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+    num_steps: int,
+    optimizer: torch.optim.Optimizer,
+    loss_fn: nn.Module,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+    progress: bool = True,
+) -> list[float]:
+    """Train for ``num_steps`` steps; returns the loss of every step (plain floats).
+
+    ``next_batch(step)`` returns ``(src, tgt_in, tgt_out)``. The loss is stored with ``.item()``:
+    summing the loss *tensors* would keep every step's graph alive and memory would grow.
+    """
+    model.train()
+    history: list[float] = []
+    # Refresh every num_steps // 10 steps, never on a timer: the bar's text is the same on every run
+    # (apart from the times, which nbval's sanitize file masks).
+    bar = tqdm(range(num_steps), desc="training", disable=not progress, mininterval=0,
+               miniters=max(1, num_steps // 10), maxinterval=float("inf"), ascii=False)
+    for step in bar:
+        src, tgt_in, tgt_out = next_batch(step)
+        logits = model(src, tgt_in)  # (B, L, V)
+        loss = loss_fn(logits, tgt_out)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        if scheduler is not None:
+            scheduler.step()
+        history.append(loss.item())
+        bar.set_postfix(loss=f"{history[-1]:.3f}", refresh=False)
+    model.eval()
+    return history
+
+
+def exact_match(model: Transformer, task: CopyTask, batch_size: int = 500) -> float:
+    """Fraction of held-out copy-task sequences that greedy decoding reproduces exactly."""
+    model.eval()
+    correct = 0
+    for start in range(0, task.heldout.size(0), batch_size):
+        src = task.heldout[start : start + batch_size]
+        out = greedy_decode(model, src, max_len=task.seq_len, start_id=task.sos_id)
+        correct += int((out == src).all(dim=1).sum())
+    return correct / task.heldout.size(0)
+
+
+def train_copy_task(
+    config: TransformerConfig | None = None,
+    task: CopyTask | None = None,
+    num_steps: int = 600,
+    batch_size: int = 64,
+    warmup: int = 100,
+    factor: float = 2.0,
+    smoothing: float = 0.0,
+    seed: int = 0,
+    progress: bool = True,
+) -> tuple[Transformer, list[float]]:
+    """Train course_lib's default model on the copy task; returns ``(model in eval mode, losses)``.
+
+    Defaults: ``TransformerConfig()`` (d_model 64, 4 heads, 2+2 layers), Adam(0.9, 0.98, 1e-9) with
+    the Noam schedule, ``num_steps`` batches of ``batch_size`` fresh sequences.
+    """
+    config = config if config is not None else TransformerConfig()
+    task = task if task is not None else CopyTask(vocab_size=config.src_vocab_size)
+    torch.manual_seed(seed)
+    model = Transformer(config)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
+    scheduler = noam_scheduler(optimizer, config.d_model, warmup, factor)
+    loss_fn = LabelSmoothingLoss(config.tgt_vocab_size, config.pad_id, smoothing)
+    gen = torch.Generator().manual_seed(seed)
+
+    def next_batch(step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        b = task.train_batch(batch_size, gen)
+        return b.src, b.tgt_in, b.tgt_out
+
+    history = train(model, next_batch, num_steps, optimizer, loss_fn, scheduler, progress=progress)
+    return model, history

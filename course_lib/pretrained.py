@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import warnings
 from pathlib import Path
 
 import torch
@@ -67,15 +68,19 @@ def minilm_path(verify: bool = True) -> Path:
 
 def load_tokenizer(path: Path | None = None):
     """The model's uncased WordPiece tokenizer (``transformers.AutoTokenizer``), loaded from disk."""
-    from transformers import AutoTokenizer
+    with warnings.catch_warnings():  # Jupyter without ipywidgets: tqdm warns, printing a local path
+        warnings.filterwarnings("ignore", message="IProgress not found")
+        from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(path or minilm_path(verify=False)), local_files_only=True)
 
 
 def load_hf_bert(path: Path | None = None):
     """Hugging Face ``BertModel`` in eval mode with eager attention (so it can return attentions)."""
-    from transformers import AutoModel
-    from transformers.utils import logging as hf_logging
+    with warnings.catch_warnings():  # Jupyter without ipywidgets: tqdm warns, printing a local path
+        warnings.filterwarnings("ignore", message="IProgress not found")
+        from transformers import AutoModel
+        from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # no "Loading weights" bar in notebook outputs
     model = AutoModel.from_pretrained(

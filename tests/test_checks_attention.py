@@ -1,0 +1,220 @@
+"""Lesson 01 checkers: a correct answer passes, each named mistake gets its own message."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from course_lib.checks import check_attention_mask, check_scaled_dot_product_attention
+
+
+# ---------------------------------------------------------------- scaled dot-product attention
+
+def make_attention(
+    scale: str = "sqrt_dk",
+    softmax_dim: int = -1,
+    mask_mode: str = "ok",
+    fill: str = "safe",
+):
+    """An attention function written the way a learner would, with one configurable mistake."""
+
+    def attention(query, key, value, mask=None):
+        divisor = {
+            "sqrt_dk": math.sqrt(query.size(-1)),
+            "none": 1.0,
+            "dk": float(query.size(-1)),
+            "sqrt_lk": math.sqrt(key.size(-2)),
+            "sqrt_dv": math.sqrt(value.size(-1)),
+        }[scale]
+        scores = torch.matmul(query, key.transpose(-2, -1)) / divisor
+        keep = None
+        if mask is not None and mask_mode != "ignore":
+            keep = mask if mask_mode == "ok" else ~mask
+            low = float("-inf") if fill == "-inf" else torch.finfo(scores.dtype).min
+            scores = scores.masked_fill(~keep, low)
+        weights = torch.softmax(scores, dim=softmax_dim)
+        if keep is not None and fill == "safe":
+            weights = weights.masked_fill(~keep, 0.0)
+        return torch.matmul(weights, value), weights
+
+    return attention
+
+
+def test_correct_attention_passes(capsys):
+    assert check_scaled_dot_product_attention(make_attention()) is True
+    assert "all 5 cases match" in capsys.readouterr().out
+
+
+def test_reference_itself_passes():
+    from course_lib import scaled_dot_product_attention
+
+    assert check_scaled_dot_product_attention(scaled_dot_product_attention) is True
+
+
+def test_attention_with_nan_to_num_passes():
+    """-inf followed by zeroing the NaN rows is a valid fix too."""
+
+    def attention(query, key, value, mask=None):
+        scores = query @ key.transpose(-2, -1) / math.sqrt(query.size(-1))
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        weights = torch.nan_to_num(scores.softmax(-1), nan=0.0)
+        return weights @ value, weights
+
+    assert check_scaled_dot_product_attention(attention) is True
+
+
+def test_unimplemented_attention_prints_friendly_line(capsys):
+    def my_attention(query, key, value, mask=None):
+        raise NotImplementedError
+
+    assert check_scaled_dot_product_attention(my_attention) is None
+    out = capsys.readouterr().out
+    assert "`my_attention` is not implemented yet" in out
+
+
+def test_single_tensor_return_is_rejected():
+    def attention(query, key, value, mask=None):
+        return make_attention()(query, key, value, mask)[0]
+
+    with pytest.raises(AssertionError, match=r"Return \(output, weights\)"):
+        check_scaled_dot_product_attention(attention)
+
+
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        ({"scale": "none"}, "missing scale"),
+        ({"scale": "dk"}, r"divided by d_k \(no square root\)"),
+        ({"scale": "sqrt_lk"}, r"sqrt\(L_k\), the number of keys"),
+        ({"scale": "sqrt_dv"}, r"sqrt\(d_v\), the value size"),
+        ({"softmax_dim": -2}, r"softmax over the wrong axis \(the query axis"),
+        ({"softmax_dim": 1}, r"softmax over the wrong axis \(the query axis"),
+        ({"softmax_dim": 2}, r"softmax over the wrong axis \(the query axis"),
+        ({"mask_mode": "ignore"}, "mask ignored"),
+        ({"mask_mode": "invert"}, "mask inverted"),
+        ({"mask_mode": "invert", "fill": "-inf"}, "mask inverted"),
+        ({"fill": "-inf"}, "contains NaN or inf.*finite minimum"),
+        ({"fill": "no_zeroing"}, "fully masked row not zeroed"),
+    ],
+)
+def test_attention_mistakes_are_named(kwargs, words):
+    with pytest.raises(AssertionError, match=words):
+        check_scaled_dot_product_attention(make_attention(**kwargs))
+
+
+def test_scale_by_sqrt_lq_is_named():
+    def attention(query, key, value, mask=None):
+        scores = query @ key.transpose(-2, -1) / math.sqrt(query.size(-2))
+        weights = scores.softmax(-1)
+        return weights @ value, weights
+
+    with pytest.raises(AssertionError, match=r"sqrt\(L_q\), the number of queries"):
+        check_scaled_dot_product_attention(attention)
+
+
+def test_transposed_output_is_a_wrong_shape():
+    def attention(query, key, value, mask=None):
+        out, weights = make_attention()(query, key, value, mask)
+        return out.transpose(-2, -1), weights
+
+    with pytest.raises(AssertionError, match=r"Wrong output shape: output has shape \(2, 7, 3\), expected \(2, 3, 7\)"):
+        check_scaled_dot_product_attention(attention)
+
+
+def test_forgotten_key_transpose_is_explained():
+    def attention(query, key, value, mask=None):
+        weights = (query @ key / math.sqrt(query.size(-1))).softmax(-1)
+        return weights @ value, weights
+
+    with pytest.raises(AssertionError, match="raised RuntimeError.*forget to transpose key"):
+        check_scaled_dot_product_attention(attention)
+
+
+def test_bmm_on_4d_inputs_is_explained():
+    def attention(query, key, value, mask=None):
+        weights = torch.bmm(query, key.transpose(1, 2)).div(math.sqrt(query.size(-1))).softmax(-1)
+        return torch.bmm(weights, value), weights
+
+    with pytest.raises(AssertionError, match=r"4-D inputs with a head axis.*not torch.bmm|not torch.bmm"):
+        check_scaled_dot_product_attention(attention)
+
+
+# ---------------------------------------------------------------- decoder self-attention mask
+
+def make_mask_fn(mistake: str = ""):
+    def decoder_mask(ids, pad_id):
+        L = ids.size(1)
+        ones = torch.ones(L, L, dtype=torch.bool)
+        causal = {"upper": ones.triu(), "no_diag": ones.tril(-1)}.get(mistake, ones.tril())
+        pad = ids != (0 if mistake == "pad0" else pad_id)
+        if mistake == "wrong_dtype":
+            return ((pad.unsqueeze(1) & causal)).float()
+        if mistake == "inverted":
+            return ~(pad.unsqueeze(1) & causal)
+        if mistake == "queries":
+            return pad.unsqueeze(2) & causal
+        if mistake == "both":
+            return pad.unsqueeze(2) & pad.unsqueeze(1) & causal
+        if mistake == "no_padding":
+            return causal.expand(ids.size(0), L, L)
+        if mistake == "no_causal":
+            return pad.unsqueeze(1).expand(-1, L, -1)
+        if mistake == "flat":
+            return pad
+        if mistake == "4d":
+            return (pad.unsqueeze(1) & causal).unsqueeze(1)
+        return pad.unsqueeze(1) & causal
+
+    return decoder_mask
+
+
+def test_correct_mask_passes(capsys):
+    assert check_attention_mask(make_mask_fn()) is True
+    assert "check_attention_mask: all 3 cases match" in capsys.readouterr().out
+
+
+def test_reference_mask_passes():
+    from course_lib import decoder_self_attention_mask
+
+    assert check_attention_mask(decoder_self_attention_mask) is True
+
+
+def test_unimplemented_mask_prints_friendly_line(capsys):
+    def decoder_mask(ids, pad_id):
+        raise NotImplementedError
+
+    assert check_attention_mask(decoder_mask) is None
+    assert "`decoder_mask` is not implemented yet" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "mistake, words",
+    [
+        ("wrong_dtype", r"Wrong dtype.*torch.float32, expected torch.bool.*True = may attend"),
+        ("inverted", "mask inverted: True where a key is hidden"),
+        ("upper", "upper triangle instead of lower"),
+        ("no_diag", "diagonal excluded: a token cannot see itself"),
+        ("queries", r"padding applied to the queries instead of the keys \(wrong axis\)"),
+        ("both", "padding applied to both queries and keys"),
+        ("pad0", r"pad_id ignored \(0 is hard-coded\)"),
+        ("no_padding", "padding missing: pad keys are visible"),
+        ("no_causal", "causal part missing"),
+        ("flat", r"Wrong shape.*is \(B, L\), one flag per token"),
+        ("4d", r"Wrong output shape: the mask has shape \(3, 1, 5, 5\), expected \(3, 5, 5\)"),
+    ],
+)
+def test_mask_mistakes_are_named(mistake, words):
+    with pytest.raises(AssertionError, match=words):
+        check_attention_mask(make_mask_fn(mistake))
+
+
+def test_unbroadcastable_padding_is_explained():
+    def decoder_mask(ids, pad_id):
+        causal = torch.ones(ids.size(1), ids.size(1), dtype=torch.bool).tril()
+        return (ids != pad_id) & causal  # (B, L) & (L, L): fails unless B == L
+
+    with pytest.raises(AssertionError, match=r"raised RuntimeError.*unsqueeze\(1\)"):
+        check_attention_mask(decoder_mask)

@@ -1,3 +1,315 @@
-"""Checkers for the exercises of lesson (being written)."""
+"""Checkers for the exercises of lesson 03 (embeddings and positions).
 
-__all__: list[str] = []
+- ``check_positional_encoding(fn)``: ``fn(max_len, d_model) -> (max_len, d_model)``, the paper's sinusoids.
+- ``check_token_embedding(cls)``: ``cls(vocab_size, d_model)`` with an ``nn.Embedding`` named
+  ``embedding``; ``forward(ids (B, L)) -> (B, L, d_model)`` scaled by ``sqrt(d_model)``.
+- ``check_embedding_layer(cls)``: a BERT-style layer ``cls(vocab_size, d_model, max_len, dropout)`` with
+  ``token``, ``position`` (both ``nn.Embedding``), ``norm`` (``nn.LayerNorm``) and ``dropout``;
+  ``forward(ids) = dropout(norm(token(ids) + position(0..L-1)))``, no ``sqrt(d_model)`` scaling.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..embeddings import TokenEmbedding, TransformerEmbedding, sinusoidal_positional_encoding
+from ._common import CheckFailure, Mistake, checker, compare, expect_finite, expect_shape, passed
+
+__all__ = ["check_positional_encoding", "check_token_embedding", "check_embedding_layer"]
+
+
+# --------------------------------------------------------------------------- positional encoding
+def _pe_from(max_len: int, d_model: int, sin_exp, cos_exp, base: float = 10000.0, start: int = 0,
+             swap: bool = False, divide: bool = True) -> torch.Tensor:
+    """A sinusoid table where column ``j`` uses ``pos / base**exp(j)``; ``sin_exp``/``cos_exp`` map the
+    column index to the exponent for sine (even) and cosine (odd) columns."""
+    pos = torch.arange(start, start + max_len, dtype=torch.float64).unsqueeze(1)  # (max_len, 1)
+    pe = torch.zeros(max_len, d_model, dtype=torch.float64)
+    for j in range(d_model):
+        even = j % 2 == 0
+        exp = sin_exp(j) if even else cos_exp(j)
+        angle = pos[:, 0] / base**exp if divide else pos[:, 0] * base**exp
+        use_sin = even != swap
+        pe[:, j] = torch.sin(angle) if use_sin else torch.cos(angle)
+    return pe.float()
+
+
+def _pair(j: int) -> int:
+    """Column j belongs to the pair whose sine sits in column 2i = j - j % 2."""
+    return j - j % 2
+
+
+def _pe_mistakes() -> list[Mistake]:
+    right = lambda d: (lambda j: _pair(j) / d)  # noqa: E731  exponent 2i / d_model
+    mistakes = [
+        Mistake(
+            "frequencies off by a factor of 2 (the `2*i` bug: the exponent is doubled)",
+            "Your loop index already steps by 2 (0, 2, 4, ...), so it IS the paper's 2i: use "
+            "`10000 ** (i / d_model)`, not `10000 ** (2 * i / d_model)`. With the doubled exponent the "
+            "wavelengths grow twice as fast and half the columns are almost constant.",
+            lambda n, d: _pe_from(n, d, lambda j: 2 * _pair(j) / d, lambda j: 2 * _pair(j) / d),
+        ),
+        Mistake(
+            "the cosine uses the next pair's frequency (the `i+1` bug)",
+            "Column 2i+1 must use the SAME frequency as its sine partner in column 2i: "
+            "`cos(pos / 10000 ** (2i / d_model))`, not `10000 ** ((2i + 2) / d_model)`. Only a sin/cos pair "
+            "of one frequency turns a shift of position into a rotation.",
+            lambda n, d: _pe_from(n, d, lambda j: _pair(j) / d, lambda j: (_pair(j) + 2) / d),
+        ),
+        Mistake(
+            "both seed bugs at once: exponent doubled (`2*i`) and the cosine on the next frequency (`i+1`)",
+            "With `for i in range(0, d_model, 2)` the exponent is `i / d_model` for BOTH "
+            "`pe[pos, i] = sin(...)` and `pe[pos, i + 1] = cos(...)`; do not write 2*i, and do not use i+1 "
+            "inside the cosine.",
+            lambda n, d: _pe_from(n, d, lambda j: 2 * _pair(j) / d, lambda j: 2 * (_pair(j) + 1) / d),
+        ),
+        Mistake(
+            "each column uses its own index j in the exponent (cosine columns are half a step off)",
+            "The exponent belongs to the PAIR: columns 2i and 2i+1 both use 2i / d_model. For an odd "
+            "column j use j - 1, e.g. `two_i = j - j % 2`.",
+            lambda n, d: _pe_from(n, d, lambda j: j / d, lambda j: j / d),
+        ),
+        Mistake(
+            "exponent halved (i / d_model with i the pair number)",
+            "If i counts pairs (0, 1, 2, ...), the exponent is 2 * i / d_model, not i / d_model.",
+            lambda n, d: _pe_from(n, d, lambda j: _pair(j) / (2 * d), lambda j: _pair(j) / (2 * d)),
+        ),
+        Mistake(
+            "sin and cos swapped (cosine on the even columns)",
+            "Even columns 0, 2, 4, ... hold the sine, odd columns the cosine: `pe[:, 0::2] = sin`, "
+            "`pe[:, 1::2] = cos`.",
+            lambda n, d: _pe_from(n, d, right(d), right(d), swap=True),
+        ),
+        Mistake(
+            "positions start at 1 instead of 0",
+            "The first token has position 0: `torch.arange(max_len)`, so row 0 is [0, 1, 0, 1, ...].",
+            lambda n, d: _pe_from(n, d, right(d), right(d), start=1),
+        ),
+        Mistake(
+            "multiplied by 10000^(2i/d_model) instead of dividing",
+            "The angle is pos / 10000^(2i/d_model) (slower and slower waves), i.e. pos * 10000^(-2i/d_model).",
+            lambda n, d: _pe_from(n, d, right(d), right(d), divide=False),
+        ),
+    ]
+    for base in (1000.0, 100000.0, math.e):
+        label = "e" if base == math.e else f"{base:g}"
+        mistakes.append(Mistake(
+            f"wrong base ({label} instead of 10000)",
+            "The paper's constant is 10000 (= 1e4), giving wavelengths from 2*pi up to 10000 * 2*pi. "
+            "If you use the log form, it is `torch.exp(-two_i * math.log(10000.0) / d_model)`.",
+            lambda n, d, b=base: _pe_from(n, d, right(d), right(d), base=b),
+        ))
+    return mistakes
+
+
+_PE_CASES = [(16, 8), (50, 64), (30, 16), (10, 128), (9, 7), (1, 5), (20, 33)]
+
+
+@checker
+def check_positional_encoding(fn) -> None:
+    """``fn(max_len, d_model) -> (max_len, d_model)`` must equal the paper's sinusoids (even and odd d_model)."""
+    mistakes = _pe_mistakes()
+    for max_len, d_model in _PE_CASES:
+        case = f"max_len={max_len}, d_model={d_model}"
+        if d_model % 2:
+            try:
+                got = fn(max_len, d_model)
+            except NotImplementedError:
+                raise
+            except Exception as err:
+                raise CheckFailure(
+                    f"Your function crashes for an odd d_model ({case}): {type(err).__name__}: {err}. With odd "
+                    "d_model there is one sine column more than cosine columns (the last pair has no cosine): "
+                    "fill `pe[:, 0::2] = torch.sin(angles)` and `pe[:, 1::2] = torch.cos(angles[:, : d_model // 2])`."
+                ) from None
+        else:
+            got = fn(max_len, d_model)
+        expected = sinusoidal_positional_encoding(max_len, d_model)
+        if isinstance(got, torch.Tensor) and tuple(got.shape) == (d_model, max_len) and max_len != d_model:
+            if torch.allclose(got.T.float(), expected, atol=1e-4):
+                raise CheckFailure(
+                    f"Likely mistake ({case}): positions and dimensions transposed: your output has shape "
+                    f"{tuple(got.shape)} = (d_model, max_len). Rows must be positions: shape (max_len, d_model); "
+                    "build `position` as a column (max_len, 1) and the frequencies as a row."
+                )
+        expect_shape(got, (max_len, d_model), f"fn({max_len}, {d_model})",
+                     "Expected one row per position and one column per dimension: (max_len, d_model).")
+        expect_finite(got, f"fn({max_len}, {d_model})", "Check for a division by zero or a huge power.")
+        transposed = Mistake("positions and dimensions transposed", "Rows are positions, columns are dimensions.",
+                             lambda n, d: sinusoidal_positional_encoding(n, d).T)
+        compare(got.float(), expected, (max_len, d_model), [*mistakes, transposed], case, atol=1e-4)
+    passed("check_positional_encoding", len(_PE_CASES))
+
+
+# --------------------------------------------------------------------------- token embedding
+def _state_names(module: nn.Module) -> list[str]:
+    return sorted(module.state_dict().keys())
+
+
+def _load(learner: nn.Module, state: dict[str, torch.Tensor], what: str, ids: torch.Tensor) -> None:
+    """Copy course_lib's weights into the learner's module; complain about names if they differ."""
+    if not isinstance(learner, nn.Module):
+        raise CheckFailure(f"{what} should be an nn.Module (did you forget `super().__init__()` or `nn.Module`?).")
+    names = _state_names(learner)
+    if names != sorted(state):
+        try:  # a forward that is still a stub: say "not implemented yet" rather than complain about names
+            learner(ids)
+        except NotImplementedError:
+            raise
+        except Exception:
+            pass
+        raise CheckFailure(
+            f"{what}: expected parameters named {sorted(state)}, found {names}. Name the submodules as the "
+            "exercise says so that the checker can copy course_lib's weights into yours."
+        )
+    try:
+        learner.load_state_dict(state)
+    except RuntimeError as err:
+        raise CheckFailure(f"{what}: could not copy course_lib's weights into yours: {err}") from None
+
+
+_TOKEN_CASES = [(11, 16, (2, 5)), (50, 64, (3, 7)), (7, 9, (1, 1)), (30, 4, (4, 3))]
+
+
+@checker
+def check_token_embedding(cls) -> None:
+    """``cls(vocab_size, d_model)`` with ``self.embedding = nn.Embedding(...)``;
+    ``forward(ids (B, L)) -> (B, L, d_model)`` = lookup x sqrt(d_model)."""
+    for n, (vocab_size, d_model, shape) in enumerate(_TOKEN_CASES):
+        case = f"vocab_size={vocab_size}, d_model={d_model}, ids {shape}"
+        gen = torch.Generator().manual_seed(300 + n)
+        ref = TokenEmbedding(vocab_size, d_model)
+        with torch.no_grad():
+            ref.embedding.weight.copy_(torch.randn(vocab_size, d_model, generator=gen) * d_model**-0.5)
+        ids = torch.randint(0, vocab_size, shape, generator=gen)
+        learner = cls(vocab_size, d_model)
+        _load(learner, {"embedding.weight": ref.embedding.weight.detach().clone()},
+              f"{type(learner).__name__}({vocab_size}, {d_model})", ids)
+        learner.eval()
+        with torch.no_grad():
+            got = learner(ids)
+            expected = ref(ids)
+        expect_shape(got, (*shape, d_model), f"forward(ids of shape {shape})",
+                     "One d_model vector per token: (B, L, d_model). Did you sum or average over a dimension?")
+        table = ref.embedding.weight.detach()
+        mistakes = [
+            Mistake("missing the sqrt(d_model) scale",
+                    "The paper multiplies the looked-up vectors by sqrt(d_model): "
+                    "`self.embedding(ids) * math.sqrt(self.d_model)`.",
+                    lambda i: table[i]),
+            Mistake("scaled by d_model instead of sqrt(d_model)",
+                    "Multiply by math.sqrt(d_model), not by d_model.",
+                    lambda i: table[i] * d_model),
+            Mistake("divided by sqrt(d_model) instead of multiplied",
+                    "Attention divides scores by sqrt(d_k); the embedding MULTIPLIES by sqrt(d_model).",
+                    lambda i: table[i] / math.sqrt(d_model)),
+            Mistake("scaled by sqrt(vocab_size) instead of sqrt(d_model)",
+                    "The factor is the width of the vectors, sqrt(d_model), not the vocabulary size.",
+                    lambda i: table[i] * math.sqrt(vocab_size)),
+        ]
+        compare(got, expected, (ids,), mistakes, case)
+    passed("check_token_embedding", len(_TOKEN_CASES))
+
+
+# --------------------------------------------------------------------------- BERT-style embedding layer
+_NAME_MAP = {  # learner's name -> course_lib TransformerEmbedding's name
+    "token.weight": "token.embedding.weight",
+    "position.weight": "position.embedding.weight",
+    "norm.weight": "norm.weight",
+    "norm.bias": "norm.bias",
+}
+_LAYER_CASES = [(20, 16, 12, (2, 5)), (50, 32, 40, (3, 9)), (7, 8, 6, (1, 6))]
+
+
+def _reference_layer(vocab_size: int, d_model: int, max_len: int, dropout: float, seed: int) -> TransformerEmbedding:
+    gen = torch.Generator().manual_seed(seed)
+    ref = TransformerEmbedding(vocab_size, d_model, max_len, positional="learned", scale_embedding=False,
+                               layer_norm=True, dropout=dropout)
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
+        ref.norm.weight.add_(1.0)  # LayerNorm gain around 1, bias around 0
+    return ref
+
+
+@checker
+def check_embedding_layer(cls) -> None:
+    """BERT-style ``cls(vocab_size, d_model, max_len, dropout)``: dropout(norm(token(ids) + position(0..L-1)))."""
+    n_cases = 0
+    for n, (vocab_size, d_model, max_len, shape) in enumerate(_LAYER_CASES):
+        case = f"vocab_size={vocab_size}, d_model={d_model}, max_len={max_len}, ids {shape}"
+        ref = _reference_layer(vocab_size, d_model, max_len, 0.1, seed=400 + n)
+        ref_state = ref.state_dict()
+        learner = cls(vocab_size, d_model, max_len, 0.1)
+        ids = torch.randint(0, vocab_size, shape, generator=torch.Generator().manual_seed(500 + n))
+        _load(learner, {ours: ref_state[theirs].clone() for ours, theirs in _NAME_MAP.items()},
+              f"{type(learner).__name__}({vocab_size}, {d_model}, {max_len}, 0.1)", ids)
+        L = shape[1]
+        tok = ref.token.embedding.weight.detach()
+        pos = ref.position.embedding.weight.detach()
+        norm = ref.norm
+
+        def ln(x: torch.Tensor) -> torch.Tensor:
+            return F.layer_norm(x, (d_model,), norm.weight.detach(), norm.bias.detach(), norm.eps)
+
+        # 1) eval mode: dropout off, the arithmetic must match
+        learner.eval()
+        ref.eval()
+        with torch.no_grad():
+            got = learner(ids)
+            expected = ref(ids)
+        expect_shape(got, (*shape, d_model), f"forward(ids of shape {shape})",
+                     "One d_model vector per token: (B, L, d_model). Add the (L, d_model) positions to the "
+                     "(B, L, d_model) token vectors (broadcasting over B).")
+        expect_finite(got, "the output", "Check the LayerNorm.")
+        mistakes = [
+            Mistake("scaled by sqrt(d_model) (BERT does not scale)",
+                    "BERT adds raw token vectors to learned positions and relies on LayerNorm; drop the "
+                    "`* math.sqrt(d_model)` here.",
+                    lambda i: ln(tok[i] * math.sqrt(d_model) + pos[:L])),
+            Mistake("no LayerNorm after the sum",
+                    "Apply `self.norm` to token + position before the dropout.",
+                    lambda i: tok[i] + pos[:L]),
+            Mistake("LayerNorm applied to the tokens before adding the positions",
+                    "Normalize the SUM: `self.norm(self.token(ids) + self.position(positions))`.",
+                    lambda i: ln(tok[i]) + pos[:L]),
+            Mistake("positions not added",
+                    "Look up `self.position(torch.arange(L, device=ids.device))` and add it.",
+                    lambda i: ln(tok[i])),
+            Mistake("positions start at 1 instead of 0",
+                    "The first token has position 0: `torch.arange(L, device=ids.device)`.",
+                    lambda i: ln(tok[i] + pos[1 : L + 1])),
+        ]
+        compare(got, expected, (ids,), mistakes, case + ", eval mode")
+        n_cases += 1
+
+        # 2) train mode with the same random seed: the dropout must be the reference's
+        learner.train()
+        ref.train()
+        torch.manual_seed(600 + n)
+        got = learner(ids).detach()
+        torch.manual_seed(600 + n)
+        expected = ref(ids).detach()
+
+        def dropped(x: torch.Tensor, p: float) -> torch.Tensor:
+            torch.manual_seed(600 + n)
+            return F.dropout(x, p, training=True)
+
+        train_mistakes = [
+            Mistake("dropout with p=0.5 (`nn.Dropout()` without an argument)",
+                    "`nn.Dropout()` defaults to p=0.5; pass the rate: `nn.Dropout(dropout)`.",
+                    lambda i: dropped(ln(tok[i] + pos[:L]), 0.5)),
+            Mistake("dropout applied before the LayerNorm",
+                    "The order is sum -> LayerNorm -> dropout: `self.dropout(self.norm(x))`.",
+                    lambda i: ln(dropped(tok[i] + pos[:L], 0.1))),
+            Mistake("no dropout in training mode",
+                    "Apply `self.dropout` (nn.Dropout(dropout)) to the normalized sum.",
+                    lambda i: ln(tok[i] + pos[:L])),
+        ]
+        compare(got, expected, (ids,), train_mistakes, case + ", train mode (dropout on)")
+        n_cases += 1
+    passed("check_embedding_layer", n_cases)

@@ -1,0 +1,278 @@
+"""Lesson 03 checkers: a correct answer passes, every named mistake is caught with its own message,
+and an exercise that is not done yet prints one friendly line."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from course_lib.checks import check_embedding_layer, check_positional_encoding, check_token_embedding
+
+
+# ----------------------------------------------------------------------------- positional encoding
+def make_pe(sin_pair_exp=None, cos_pair_exp=None, base=10000.0, swap=False, start=0, multiply=False):
+    """Independent loop implementation from the paper's formula, with switches for the mistakes.
+
+    ``sin_pair_exp(two_i, d)`` / ``cos_pair_exp(two_i, d)`` give the exponent for the pair whose sine is in
+    column ``two_i`` (default: the paper's ``two_i / d``)."""
+    sin_pair_exp = sin_pair_exp or (lambda two_i, d: two_i / d)
+    cos_pair_exp = cos_pair_exp or (lambda two_i, d: two_i / d)
+
+    def pe_fn(max_len, d_model):
+        pe = torch.zeros(max_len, d_model, dtype=torch.float64)
+        for p in range(max_len):
+            pos = p + start
+            for two_i in range(0, d_model, 2):
+                f_sin = base ** sin_pair_exp(two_i, d_model)
+                f_cos = base ** cos_pair_exp(two_i, d_model)
+                a_sin = pos * f_sin if multiply else pos / f_sin
+                a_cos = pos * f_cos if multiply else pos / f_cos
+                first, second = (math.cos, math.sin) if swap else (math.sin, math.cos)
+                pe[p, two_i] = first(a_sin)
+                if two_i + 1 < d_model:
+                    pe[p, two_i + 1] = second(a_cos)
+        return pe.float()
+
+    return pe_fn
+
+
+def vectorized_pe(max_len, d_model):
+    position = torch.arange(max_len, dtype=torch.float32).unsqueeze(1)
+    inv_freq = torch.exp(-torch.arange(0, d_model, 2).float() * math.log(10000.0) / d_model)
+    pe = torch.zeros(max_len, d_model)
+    pe[:, 0::2] = torch.sin(position * inv_freq)
+    pe[:, 1::2] = torch.cos(position * inv_freq[: d_model // 2])
+    return pe
+
+
+def test_pe_correct_loop_and_vectorized_pass(capsys):
+    assert check_positional_encoding(make_pe()) is True
+    assert "check_positional_encoding: all 7 cases match" in capsys.readouterr().out
+    assert check_positional_encoding(vectorized_pe) is True
+
+
+def test_pe_float64_output_accepted():
+    assert check_positional_encoding(lambda n, d: make_pe()(n, d).double()) is True
+
+
+@pytest.mark.parametrize(
+    "fn, words",
+    [
+        (make_pe(lambda t, d: 2 * t / d, lambda t, d: 2 * t / d), r"off by a factor of 2 \(the `2\*i` bug"),
+        (make_pe(cos_pair_exp=lambda t, d: (t + 2) / d), r"cosine uses the next pair's frequency \(the `i\+1` bug\)"),
+        (make_pe(lambda t, d: 2 * t / d, lambda t, d: 2 * (t + 1) / d), r"both seed bugs at once"),
+        (make_pe(cos_pair_exp=lambda t, d: (t + 1) / d), r"its own index j in the exponent"),
+        (make_pe(lambda t, d: t / (2 * d), lambda t, d: t / (2 * d)), r"exponent halved"),
+        (make_pe(swap=True), r"sin and cos swapped"),
+        (make_pe(base=1000.0), r"wrong base \(1000 instead of 10000\)"),
+        (make_pe(base=100000.0), r"wrong base \(100000 instead of 10000\)"),
+        (make_pe(base=math.e), r"wrong base \(e instead of 10000\)"),
+        (make_pe(start=1), r"positions start at 1"),
+        (make_pe(multiply=True), r"multiplied by 10000\^\(2i/d_model\) instead of dividing"),
+        (lambda n, d: make_pe()(n, d).T.contiguous(), r"positions and dimensions transposed"),
+        (lambda n, d: make_pe()(n, d).unsqueeze(0), r"Wrong output shape"),
+    ],
+)
+def test_pe_named_mistakes(fn, words):
+    with pytest.raises(AssertionError, match=words):
+        check_positional_encoding(fn)
+
+
+def test_pe_seed_003_style_loop_is_the_seed_001_matrix():
+    # over all columns j, exponent 2*j/d, sine on even and cosine on odd columns (seed 003's loop)
+    def per_column(max_len, d_model):
+        pe = torch.zeros(max_len, d_model)
+        for pos in range(max_len):
+            for j in range(d_model):
+                angle = pos / 10000 ** (2 * j / d_model)
+                pe[pos, j] = math.sin(angle) if j % 2 == 0 else math.cos(angle)
+        return pe
+
+    with pytest.raises(AssertionError, match="both seed bugs at once"):
+        check_positional_encoding(per_column)
+
+
+def test_pe_odd_d_model_crash_gets_a_hint():
+    def even_only(max_len, d_model):
+        position = torch.arange(max_len).float().unsqueeze(1)
+        inv_freq = 10000.0 ** (-torch.arange(0, d_model, 2).float() / d_model)
+        pe = torch.zeros(max_len, d_model)
+        pe[:, 0::2] = torch.sin(position * inv_freq)
+        pe[:, 1::2] = torch.cos(position * inv_freq)  # one column too many when d_model is odd
+        return pe
+
+    with pytest.raises(AssertionError, match=r"crashes for an odd d_model.*d_model // 2"):
+        check_positional_encoding(even_only)
+
+
+def test_pe_unexplained_difference_is_generic():
+    with pytest.raises(AssertionError, match="None of the usual mistakes"):
+        check_positional_encoding(lambda n, d: make_pe()(n, d) + 0.01)
+
+
+def test_pe_not_implemented_prints_friendly_line(capsys):
+    def positional_encoding(max_len, d_model):
+        raise NotImplementedError
+
+    assert check_positional_encoding(positional_encoding) is None
+    out = capsys.readouterr().out
+    assert "`positional_encoding` is not implemented yet" in out
+
+
+# ----------------------------------------------------------------------------- token embedding
+def token_class(factor):
+    class Tok(nn.Module):
+        def __init__(self, vocab_size, d_model):
+            super().__init__()
+            self.embedding = nn.Embedding(vocab_size, d_model)
+            self.vocab_size, self.d_model = vocab_size, d_model
+
+        def forward(self, ids):
+            return self.embedding(ids) * factor(self.vocab_size, self.d_model)
+
+    return Tok
+
+
+def test_token_embedding_correct_passes(capsys):
+    assert check_token_embedding(token_class(lambda v, d: math.sqrt(d))) is True
+    assert "check_token_embedding: all 4 cases match" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "factor, words",
+    [
+        (lambda v, d: 1.0, r"missing the sqrt\(d_model\) scale"),
+        (lambda v, d: d, r"scaled by d_model instead of sqrt\(d_model\)"),
+        (lambda v, d: 1 / math.sqrt(d), r"divided by sqrt\(d_model\) instead of multiplied"),
+        (lambda v, d: math.sqrt(v), r"scaled by sqrt\(vocab_size\)"),
+    ],
+)
+def test_token_embedding_named_mistakes(factor, words):
+    with pytest.raises(AssertionError, match=words):
+        check_token_embedding(token_class(factor))
+
+
+def test_token_embedding_wrong_shape():
+    class Mean(token_class(lambda v, d: math.sqrt(d))):
+        def forward(self, ids):
+            return super().forward(ids).mean(dim=1)  # (B, d_model): one vector per sentence
+
+    with pytest.raises(AssertionError, match=r"Wrong output shape.*\(B, L, d_model\)"):
+        check_token_embedding(Mean)
+
+
+def test_token_embedding_wrong_names():
+    class Named(nn.Module):
+        def __init__(self, vocab_size, d_model):
+            super().__init__()
+            self.table = nn.Embedding(vocab_size, d_model)
+
+        def forward(self, ids):
+            return self.table(ids) * math.sqrt(self.table.embedding_dim)
+
+    with pytest.raises(AssertionError, match=r"expected parameters named \['embedding.weight'\], found \['table.weight'\]"):
+        check_token_embedding(Named)
+
+
+def test_token_embedding_not_implemented(capsys):
+    class ScaledTokenEmbedding(nn.Module):
+        def __init__(self, vocab_size, d_model):
+            raise NotImplementedError
+
+    assert check_token_embedding(ScaledTokenEmbedding) is None
+    assert "`ScaledTokenEmbedding` is not implemented yet" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------- BERT-style layer
+def bert_layer(variant="right"):
+    class BertStyle(nn.Module):
+        def __init__(self, vocab_size, d_model, max_len, dropout):
+            super().__init__()
+            self.token = nn.Embedding(vocab_size, d_model)
+            self.position = nn.Embedding(max_len, d_model)
+            self.norm = nn.LayerNorm(d_model)
+            self.dropout = nn.Dropout() if variant == "p=0.5" else nn.Dropout(dropout)
+            self.d_model = d_model
+
+        def forward(self, ids):
+            L = ids.size(1)
+            start = 1 if variant == "from 1" else 0
+            positions = torch.arange(start, start + L, device=ids.device)
+            tok = self.token(ids)
+            if variant == "scaled":
+                tok = tok * math.sqrt(self.d_model)
+            pos = self.position(positions)
+            if variant == "no pos":
+                return self.dropout(self.norm(tok))
+            if variant == "no norm":
+                return self.dropout(tok + pos)
+            if variant == "norm tokens":
+                return self.dropout(self.norm(tok) + pos)
+            if variant == "dropout first":
+                return self.norm(self.dropout(tok + pos))
+            if variant == "no dropout":
+                return self.norm(tok + pos)
+            return self.dropout(self.norm(tok + pos))
+
+    return BertStyle
+
+
+def test_embedding_layer_correct_passes(capsys):
+    assert check_embedding_layer(bert_layer()) is True
+    assert "check_embedding_layer: all 6 cases match" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "variant, words",
+    [
+        ("scaled", r"scaled by sqrt\(d_model\) \(BERT does not scale\)"),
+        ("no norm", r"no LayerNorm after the sum"),
+        ("norm tokens", r"LayerNorm applied to the tokens before adding the positions"),
+        ("no pos", r"positions not added"),
+        ("from 1", r"positions start at 1 instead of 0"),
+        ("p=0.5", r"dropout with p=0.5 \(`nn.Dropout\(\)` without an argument\)"),
+        ("dropout first", r"dropout applied before the LayerNorm"),
+        ("no dropout", r"no dropout in training mode"),
+    ],
+)
+def test_embedding_layer_named_mistakes(variant, words):
+    with pytest.raises(AssertionError, match=words):
+        check_embedding_layer(bert_layer(variant))
+
+
+def test_embedding_layer_names_and_shape():
+    class Renamed(nn.Module):
+        def __init__(self, vocab_size, d_model, max_len, dropout):
+            super().__init__()
+            self.tok = nn.Embedding(vocab_size, d_model)
+            self.position = nn.Embedding(max_len, d_model)
+            self.norm = nn.LayerNorm(d_model)
+
+        def forward(self, ids):
+            return self.norm(self.tok(ids) + self.position(torch.arange(ids.size(1))))
+
+    with pytest.raises(AssertionError, match=r"expected parameters named .*'token.weight'.*found .*'tok.weight'"):
+        check_embedding_layer(Renamed)
+
+    class Summed(bert_layer()):
+        def forward(self, ids):
+            return super().forward(ids).sum(dim=0)  # lost the batch dimension
+
+    with pytest.raises(AssertionError, match=r"Wrong output shape.*broadcasting over B"):
+        check_embedding_layer(Summed)
+
+
+def test_embedding_layer_not_implemented(capsys):
+    class BertStyleEmbedding(nn.Module):
+        def __init__(self, vocab_size, d_model, max_len, dropout):
+            super().__init__()
+
+        def forward(self, ids):
+            raise NotImplementedError
+
+    # no parameters yet: the friendly line must come before any complaint about names
+    assert check_embedding_layer(BertStyleEmbedding) is None
+    assert "`BertStyleEmbedding` is not implemented yet" in capsys.readouterr().out

@@ -22,6 +22,12 @@ __all__ = ["FeedForward", "EncoderLayer", "DecoderLayer", "Encoder", "Decoder"]
 _ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}
 
 
+def _check_input(x: torch.Tensor, d_model: int, where: str, name: str = "x") -> None:
+    """Clear error for a wrong input width (pre-LN would otherwise fail inside LayerNorm)."""
+    if x.dim() != 3 or x.size(-1) != d_model:
+        raise ValueError(f"{where}: {name} must be (B, L, d_model={d_model}), got {tuple(x.shape)}")
+
+
 class FeedForward(nn.Module):
     """Position-wise feed-forward network: ``linear2(dropout(activation(linear1(x))))``.
 
@@ -38,6 +44,10 @@ class FeedForward(nn.Module):
         self.activation = _ACTIVATIONS[activation]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.size(-1) != self.linear1.in_features:
+            raise ValueError(
+                f"FeedForward: x must be (..., d_model={self.linear1.in_features}), got {tuple(x.shape)}"
+            )
         return self.linear2(self.dropout(self.activation(self.linear1(x))))
 
 
@@ -74,6 +84,7 @@ class EncoderLayer(nn.Module):
         return self.dropout2(self.feed_forward(x))
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        _check_input(x, self.self_attn.d_model, "EncoderLayer")
         if self.norm_first:
             x = x + self._self_attention(self.norm1(x), mask)
             x = x + self._feed_forward(self.norm2(x))
@@ -115,6 +126,16 @@ class DecoderLayer(nn.Module):
         self.dropout3 = nn.Dropout(dropout)
         self.norm_first = norm_first
 
+    def _self_attention(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        return self.dropout1(self.self_attn(x, x, x, mask))
+
+    def _cross_attention(self, x: torch.Tensor, memory: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        # queries from the decoder, keys and values from the encoder output
+        return self.dropout2(self.cross_attn(x, memory, memory, mask))
+
+    def _feed_forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout3(self.feed_forward(x))
+
     def forward(
         self,
         x: torch.Tensor,
@@ -122,24 +143,17 @@ class DecoderLayer(nn.Module):
         tgt_mask: torch.Tensor | None = None,
         memory_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        def self_block(h: torch.Tensor) -> torch.Tensor:
-            return self.dropout1(self.self_attn(h, h, h, tgt_mask))
-
-        def cross_block(h: torch.Tensor) -> torch.Tensor:
-            # queries from the decoder, keys and values from the encoder output
-            return self.dropout2(self.cross_attn(h, memory, memory, memory_mask))
-
-        def ff_block(h: torch.Tensor) -> torch.Tensor:
-            return self.dropout3(self.feed_forward(h))
+        _check_input(x, self.self_attn.d_model, "DecoderLayer")
+        _check_input(memory, self.self_attn.d_model, "DecoderLayer", "memory")
 
         if self.norm_first:
-            x = x + self_block(self.norm1(x))
-            x = x + cross_block(self.norm2(x))
-            x = x + ff_block(self.norm3(x))
+            x = x + self._self_attention(self.norm1(x), tgt_mask)
+            x = x + self._cross_attention(self.norm2(x), memory, memory_mask)
+            x = x + self._feed_forward(self.norm3(x))
         else:
-            x = self.norm1(x + self_block(x))
-            x = self.norm2(x + cross_block(x))
-            x = self.norm3(x + ff_block(x))
+            x = self.norm1(x + self._self_attention(x, tgt_mask))
+            x = self.norm2(x + self._cross_attention(x, memory, memory_mask))
+            x = self.norm3(x + self._feed_forward(x))
         trace("DecoderLayer", "output", x)
         return x
 

@@ -62,6 +62,11 @@ class LabelSmoothingLoss(nn.Module):
                 f"LabelSmoothingLoss: logits must be labels.shape + (V={self.vocab_size},), got logits "
                 f"{tuple(logits.shape)} and labels {tuple(labels.shape)}"
             )
+        if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= self.vocab_size):
+            raise ValueError(
+                f"LabelSmoothingLoss: labels must lie in [0, {self.vocab_size - 1}] (vocab_size={self.vocab_size}), "
+                f"got values from {int(labels.min())} to {int(labels.max())}"
+            )
         logits = logits.reshape(-1, self.vocab_size)  # (B, L, V) -> (B*L, V)
         labels = labels.reshape(-1)  # (B, L) -> (B*L,)
         num_tokens = (labels != self.pad_id).sum()

@@ -1,0 +1,44 @@
+"""Helpers shared by the course_lib tests (imported, not a conftest): weight copying, tolerances.
+
+A test module gets the seeding fixture with `from _helpers import seeded  # noqa: F401`.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+ATOL = 1e-5  # the issue's bound on max |ours - PyTorch|
+
+
+def assert_close(got: torch.Tensor, expected: torch.Tensor, atol: float = ATOL) -> None:
+    """Max absolute difference <= atol (no relative slack)."""
+    torch.testing.assert_close(got, expected, atol=atol, rtol=0)
+
+
+@torch.no_grad()
+def copy_mha(ours, theirs: nn.MultiheadAttention) -> None:
+    """course_lib.MultiHeadAttention -> nn.MultiheadAttention (in_proj = cat of q, k, v)."""
+    theirs.in_proj_weight.copy_(torch.cat([ours.q_proj.weight, ours.k_proj.weight, ours.v_proj.weight]))
+    theirs.in_proj_bias.copy_(torch.cat([ours.q_proj.bias, ours.k_proj.bias, ours.v_proj.bias]))
+    theirs.out_proj.weight.copy_(ours.out_proj.weight)
+    theirs.out_proj.bias.copy_(ours.out_proj.bias)
+
+
+@torch.no_grad()
+def copy_layer(ours, theirs) -> None:
+    """EncoderLayer / DecoderLayer -> nn.TransformerEncoderLayer / TransformerDecoderLayer."""
+    copy_mha(ours.self_attn, theirs.self_attn)
+    if hasattr(ours, "cross_attn"):
+        copy_mha(ours.cross_attn, theirs.multihead_attn)  # PyTorch's name for cross-attention
+    theirs.linear1.load_state_dict(ours.feed_forward.linear1.state_dict())
+    theirs.linear2.load_state_dict(ours.feed_forward.linear2.state_dict())
+    for name in ("norm1", "norm2", "norm3"):
+        if hasattr(ours, name):
+            getattr(theirs, name).load_state_dict(getattr(ours, name).state_dict())
+
+
+@pytest.fixture(autouse=True)
+def seeded():
+    torch.manual_seed(0)

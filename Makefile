@@ -24,7 +24,7 @@ $(STAMP): requirements.txt pyproject.toml
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet torch==2.13.0
 	$(PIP) install --quiet -r requirements.txt
-	$(PIP) install --quiet --no-deps --no-build-isolation -e .
+	$(PIP) install --quiet --no-deps -e .
 	$(PY) -m ipykernel install --user --name $(KERNEL) --display-name "Python 3 (Transformers course)"
 	@touch $(STAMP)
 

@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from course_lib import CopyTask, TransformerConfig, count_parameters, exact_match, train_copy_task
+from course_lib import CopyTask, count_parameters, exact_match, train_copy_task
 
 
 def main() -> None:
@@ -30,14 +30,13 @@ def main() -> None:
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
           f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     task = CopyTask(vocab_size=11, seq_len=10, num_heldout=1000)
-    config = TransformerConfig()
-    print(f"model: {config.num_encoder_layers}+{config.num_decoder_layers} layers, d_model {config.d_model}, "
-          f"{config.num_heads} heads, d_ff {config.d_ff}")
-
     start = time.perf_counter()
-    model, history = train_copy_task(config=config, task=task, seed=args.seed, progress=False)
+    model, history = train_copy_task(task=task, seed=args.seed, progress=False)  # course_lib's defaults
     seconds = time.perf_counter() - start
 
+    c = model.config
+    print(f"model: {c.num_encoder_layers}+{c.num_decoder_layers} layers ({'pre' if c.norm_first else 'post'}-LN), "
+          f"d_model {c.d_model}, {c.num_heads} heads, d_ff {c.d_ff}")
     print(f"parameters: {count_parameters(model):,}; steps: {len(history)}; final loss: {history[-1]:.4f}")
     accuracy = exact_match(model, task)
     print(f"copy task: {100 * accuracy:.1f}% exact match on {task.heldout.size(0)} held-out sequences "

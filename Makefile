@@ -46,6 +46,7 @@ execute: setup
 
 benchmark: setup
 	$(PY) benchmarks/copy_task.py
+	$(PY) benchmarks/attention.py
 
 images: setup
 	$(PY) images/make_images.py

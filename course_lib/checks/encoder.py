@@ -1,3 +1,299 @@
-"""Checkers for the exercises of lesson (being written)."""
+"""Checkers for the exercises of lesson 04 (the encoder): feed-forward, LayerNorm, encoder layer."""
 
-__all__: list[str] = []
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..layers import EncoderLayer, FeedForward
+from ..masks import causal_mask
+from ._common import CheckFailure, Mistake, checker, compare, expect_shape, passed
+
+__all__ = ["check_feed_forward", "check_layer_norm", "check_encoder_layer"]
+
+
+def _build(cls: type, *args: Any, **kwargs: Any) -> nn.Module:
+    """Instantiate the learner's class; ``dropout=0.0`` if its signature accepts it."""
+    try:
+        return cls(*args, **kwargs)
+    except TypeError:
+        return cls(*args)
+
+
+def _copy_weights(learner: nn.Module, reference: nn.Module, what: str) -> None:
+    """Load the reference's weights into the learner's module, or say which names are expected."""
+    ours, theirs = reference.state_dict(), learner.state_dict()
+    if set(ours) != set(theirs):
+        missing = sorted(set(ours) - set(theirs))
+        extra = sorted(set(theirs) - set(ours))
+        raise CheckFailure(
+            f"The state_dict names of your {what} differ from course_lib's, so weights cannot be copied. "
+            f"Expected names: {sorted(ours)}. Missing: {missing}; unexpected: {extra}. "
+            "Name the submodules as in the lesson."
+        )
+    for name, tensor in ours.items():
+        if theirs[name].shape != tensor.shape:
+            raise CheckFailure(
+                f"Your {what}'s {name} has shape {tuple(theirs[name].shape)}, expected {tuple(tensor.shape)}."
+            )
+    learner.load_state_dict(ours)
+
+
+def _randomize_norms(module: nn.Module, gen: torch.Generator) -> None:
+    """Give every LayerNorm a non-trivial gain and bias, so a missing or misplaced norm shows."""
+    with torch.no_grad():
+        for m in module.modules():
+            if isinstance(m, nn.LayerNorm):
+                m.weight.copy_(1.0 + 0.3 * torch.randn(m.weight.shape, generator=gen))
+                m.bias.copy_(0.3 * torch.randn(m.bias.shape, generator=gen))
+
+
+def _run(fn: Callable[..., Any], *args: Any) -> Any:
+    """Call the learner's code; turn a crash into a readable failure (NotImplementedError passes through)."""
+    try:
+        return fn(*args)
+    except NotImplementedError:
+        raise
+    except (RuntimeError, ValueError, TypeError, IndexError) as err:
+        raise CheckFailure(
+            f"Your code raised {type(err).__name__}: {err}. If it is a shape error, print the shapes of "
+            "the intermediate tensors (a mean or variance taken without keepdim=True is a common cause)."
+        ) from err
+
+
+# --------------------------------------------------------------------------- feed-forward
+
+
+@checker
+def check_feed_forward(cls: type) -> None:
+    """Check ``cls(d_model, d_ff, dropout=0.0)``: ``linear2(relu(linear1(x)))`` with submodules
+    ``linear1`` (d_model -> d_ff) and ``linear2`` (d_ff -> d_model)."""
+    cases = [((2, 5, 16), 32), ((1, 1, 8), 8), ((3, 7, 12), 48)]
+    for i, (shape, d_ff) in enumerate(cases):
+        torch.manual_seed(100 + i)
+        d_model = shape[-1]
+        reference = FeedForward(d_model, d_ff, dropout=0.0).eval()
+        learner = _build(cls, d_model, d_ff, dropout=0.0)
+        _copy_weights(learner, reference, "feed-forward network")
+        learner.eval()
+        x = torch.randn(shape)
+        with torch.no_grad():
+            got = _run(learner, x)
+            expected = reference(x)
+        expect_shape(got, expected.shape, "the feed-forward output",
+                     "linear2 must map d_ff back to d_model, so the output has the input's shape.")
+        l1, l2 = reference.linear1, reference.linear2
+        mistakes = [
+            Mistake("the activation is missing",
+                    "Without a non-linearity the two linear layers collapse into one linear map; "
+                    "apply ReLU between linear1 and linear2.",
+                    lambda x: l2(l1(x))),
+            Mistake("the activation is applied after linear2 instead of between the layers",
+                    "The paper's FFN is max(0, x W1 + b1) W2 + b2: ReLU on the d_ff-wide hidden layer, "
+                    "nothing after linear2.",
+                    lambda x: F.relu(l2(l1(x)))),
+            Mistake("GELU is used where the paper's ReLU was asked",
+                    "This exercise follows the paper: use ReLU (BERT uses GELU).",
+                    lambda x: l2(F.gelu(l1(x)))),
+        ]
+        with torch.no_grad():
+            compare(got, expected, (x,), mistakes, case=f"input {shape}, d_ff={d_ff}")
+    passed("check_feed_forward", len(cases))
+
+
+# --------------------------------------------------------------------------- LayerNorm
+
+
+def _ln(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float,
+        dims: tuple[int, ...] = (-1,), unbiased: bool = False, eps_outside: bool = False) -> torch.Tensor:
+    """LayerNorm and its usual wrong variants (statistics over ``dims``)."""
+    mean = x.mean(dim=dims, keepdim=True)
+    var = x.var(dim=dims, keepdim=True, unbiased=unbiased)
+    y = (x - mean) / (var.sqrt() + eps) if eps_outside else (x - mean) / torch.sqrt(var + eps)
+    if weight is not None:
+        y = y * weight + bias
+    return y
+
+
+def _layer_norm_mistakes(weight: torch.Tensor, bias: torch.Tensor, eps: float) -> list[Mistake]:
+    return [
+        Mistake("unbiased variance (Bessel's correction, dividing by d - 1)",
+                "LayerNorm uses the biased variance, the mean of squared deviations (divide by d): "
+                "x.var(dim=-1, unbiased=False, keepdim=True); torch.var's default is unbiased.",
+                lambda x: _ln(x, weight, bias, eps, unbiased=True)),
+        Mistake("eps is added outside the square root",
+                "Divide by torch.sqrt(var + eps), not by (std + eps); the two differ most when the "
+                "variance is small.",
+                lambda x: _ln(x, weight, bias, eps, eps_outside=True)),
+        Mistake("eps outside the square root AND unbiased variance",
+                "Use torch.sqrt(x.var(dim=-1, unbiased=False, keepdim=True) + eps) (x.std's default is "
+                "unbiased, too).",
+                lambda x: _ln(x, weight, bias, eps, unbiased=True, eps_outside=True)),
+        Mistake("normalizing over the wrong axis (the sequence axis instead of the features)",
+                "LayerNorm normalizes each token's feature vector: take mean and variance over dim=-1, "
+                "not over the positions (dim=1).",
+                lambda x: _ln(x, weight, bias, eps, dims=(-2,))),
+        Mistake("normalizing over the wrong axis (the batch axis instead of the features)",
+                "That is BatchNorm's axis. LayerNorm takes mean and variance over the last dim "
+                "(the features) of each token, dim=-1.",
+                lambda x: _ln(x, weight, bias, eps, dims=(0,))),
+        Mistake("the gain and bias are missing",
+                "After normalizing, scale by the learned gain and shift by the learned bias: "
+                "y * weight + bias.",
+                lambda x: _ln(x, None, None, eps)),
+        Mistake("the gain and bias are missing and the variance is unbiased",
+                "Multiply by weight and add bias at the end, and use x.var(dim=-1, unbiased=False).",
+                lambda x: _ln(x, None, None, eps, unbiased=True)),
+    ]
+
+
+@checker
+def check_layer_norm(candidate: Any) -> None:
+    """Check a LayerNorm over the last axis.
+
+    ``candidate`` is either a function ``layer_norm(x, weight, bias, eps) -> y`` or a class
+    ``cls(d_model, eps=...)`` with parameters ``weight`` (gain) and ``bias`` like ``nn.LayerNorm``.
+    """
+    # (shape, eps, scale of x): the small-scale case makes "eps outside the sqrt" visible
+    cases = [((2, 5, 16), 1e-5, 1.0), ((3, 4, 8), 1e-3, 0.02), ((1, 6, 6), 1e-5, 4.0), ((4, 10), 1e-5, 1.0)]
+    is_class = inspect.isclass(candidate)
+    gen = torch.Generator().manual_seed(4)
+    for shape, eps, scale in cases:
+        d = shape[-1]
+        x = scale * torch.randn(shape, generator=gen) + 3.0 * torch.randn(shape[:-1] + (1,), generator=gen)
+        weight = 1.0 + 0.5 * torch.randn(d, generator=gen)
+        bias = 0.5 * torch.randn(d, generator=gen)
+        expected = F.layer_norm(x, (d,), weight, bias, eps)
+        if is_class:
+            module = candidate(d, eps=eps)
+            params = dict(module.named_parameters())
+            if "weight" not in params or "bias" not in params:
+                raise CheckFailure(
+                    "Likely mistake: the gain and bias are missing. Your class should own two learned "
+                    f"parameters named `weight` (gain, ones) and `bias` (zeros) of shape ({d},), like "
+                    f"nn.LayerNorm; it has {sorted(params)}."
+                )
+            if params["weight"].shape != (d,) or params["bias"].shape != (d,):
+                raise CheckFailure(
+                    f"Wrong parameter shape: weight and bias must have shape ({d},), got "
+                    f"{tuple(params['weight'].shape)} and {tuple(params['bias'].shape)}."
+                )
+            with torch.no_grad():
+                params["weight"].copy_(weight)
+                params["bias"].copy_(bias)
+                got = _run(module, x)
+        else:
+            with torch.no_grad():
+                got = _run(candidate, x, weight, bias, eps)
+        expect_shape(got, expected.shape, "the LayerNorm output",
+                     "LayerNorm keeps the input's shape; keep the feature axis with keepdim=True.")
+        compare(got, expected, (x,), _layer_norm_mistakes(weight, bias, eps),
+                case=f"input {shape}, eps={eps:g}")
+    passed("check_layer_norm", len(cases))
+
+
+# --------------------------------------------------------------------------- encoder layer
+
+
+def _encoder_layer_mistakes(ref: EncoderLayer, mask: torch.Tensor | None) -> list[Mistake]:
+    def attn(h: torch.Tensor, m: torch.Tensor | None = mask) -> torch.Tensor:
+        return ref.self_attn(h, h, h, m)
+
+    ff, n1, n2 = ref.feed_forward, ref.norm1, ref.norm2
+
+    def ff_linear(h: torch.Tensor) -> torch.Tensor:
+        return ff.linear2(ff.linear1(h))
+
+    def overwritten(x: torch.Tensor) -> torch.Tensor:  # x = norm(x); x = x + sublayer(x)
+        x = n1(x)
+        x = x + attn(x)
+        x = n2(x)
+        return x + ff(x)
+
+    drop_hint = ("The attention output never reaches the result, so the layer ignores attention "
+                 "entirely. Add the sublayer's OUTPUT to its input: x = norm1(x + self_attn(x, x, x, mask)).")
+    missing_hint = ("Each sublayer's input must be added back before the norm: "
+                    "x = norm1(x + self_attn(x, x, x, mask)); x = norm2(x + feed_forward(x)).")
+    return [
+        Mistake("the residual drops the attention output (x + x instead of x + attention)", drop_hint,
+                lambda x: (lambda h: n2(h + ff(h)))(n1(x + x))),
+        Mistake("the residual drops the attention output (x + x instead of x + attention), and the norm "
+                "overwrites the residual stream",
+                drop_hint + " Then normalize the sum of the feed-forward sublayer: x = norm2(x + feed_forward(x)).",
+                lambda x: (lambda h: h + ff(h))(n2(x + x))),
+        Mistake("the residual drops the attention output (the attention result is never used)", drop_hint,
+                lambda x: (lambda h: n2(h + ff(h)))(n1(x))),
+        Mistake("a residual connection is missing (around the attention)", missing_hint,
+                lambda x: (lambda h: n2(h + ff(h)))(n1(attn(x)))),
+        Mistake("a residual connection is missing (around the feed-forward)", missing_hint,
+                lambda x: (lambda h: n2(ff(h)))(n1(x + attn(x)))),
+        Mistake("a residual connection is missing (around both sublayers)", missing_hint,
+                lambda x: (lambda h: n2(ff(h)))(n1(attn(x)))),
+        Mistake("the norm comes before the sublayer (pre-LN) where post-LN was asked",
+                "This exercise builds the paper's post-LN layer: x = norm1(x + self_attn(x, x, x, mask)), "
+                "then x = norm2(x + feed_forward(x)). Pre-LN would be x = x + self_attn(norm1(x), ...).",
+                lambda x: (lambda h: h + ff(n2(h)))(x + attn(n1(x)))),
+        Mistake("the norm overwrites the residual stream (x = norm(x), then x = x + sublayer(x))",
+                "Normalize the SUM: x = norm1(x + self_attn(x, x, x, mask)); do not replace x by its "
+                "norm before adding the sublayer.",
+                overwritten),
+        Mistake("the mask is ignored",
+                "Pass the mask to the attention: self_attn(x, x, x, mask); padded keys must stay hidden.",
+                lambda x: (lambda h: n2(h + ff(h)))(n1(x + attn(x, None)))),
+        Mistake("the feed-forward is missing its activation",
+                "Apply the non-linearity between linear1 and linear2 (ReLU here).",
+                lambda x: (lambda h: n2(h + ff_linear(h)))(n1(x + attn(x)))),
+        Mistake("the feed-forward reads the layer's input instead of the attention sublayer's output",
+                "Feed the output of the first add & norm into the feed-forward: h = norm1(...); "
+                "x = norm2(h + feed_forward(h)).",
+                lambda x: (lambda h: n2(h + ff(x)))(n1(x + attn(x)))),
+    ]
+
+
+@checker
+def check_encoder_layer(cls: type) -> None:
+    """Check ``cls(d_model, num_heads, d_ff, dropout=0.0)``, a post-LN encoder layer
+    ``forward(x (B, L, d_model), mask bool | None) -> (B, L, d_model)`` with submodules named like
+    ``course_lib.EncoderLayer``: ``self_attn`` (q_proj, k_proj, v_proj, out_proj), ``feed_forward``
+    (linear1, linear2), ``norm1``, ``norm2``."""
+    gen = torch.Generator().manual_seed(44)
+    cases = []
+    # padding mask (B, 1, L): the second sequence has 2 padded positions
+    pad = torch.ones(2, 1, 6, dtype=torch.bool)
+    pad[1, :, 4:] = False
+    cases.append(((2, 6, 16), 4, 32, pad))
+    cases.append(((1, 5, 8), 2, 16, None))
+    # (B, L, L) mask: causal and padding together
+    pad3 = torch.ones(3, 1, 4, dtype=torch.bool)
+    pad3[2, :, 3:] = False
+    cases.append(((3, 4, 12), 3, 24, causal_mask(4) & pad3))
+    for shape, num_heads, d_ff, mask in cases:
+        d_model = shape[-1]
+        torch.manual_seed(int(torch.randint(0, 10_000, (1,), generator=gen)))
+        reference = EncoderLayer(d_model, num_heads, d_ff, dropout=0.0)
+        _randomize_norms(reference, gen)
+        learner = _build(cls, d_model, num_heads, d_ff, dropout=0.0)
+        _copy_weights(learner, reference, "encoder layer")
+        x = torch.randn(shape, generator=gen)
+        learner.eval()
+        reference.eval()
+        case = f"input {shape}, num_heads={num_heads}, mask {'none' if mask is None else tuple(mask.shape)}"
+        with torch.no_grad():
+            got = _run(learner, x, mask)
+            expected = reference(x, mask)
+            expect_shape(got, expected.shape, "the encoder layer output",
+                         "An encoder layer maps (B, L, d_model) to the same shape.")
+            compare(got, expected, (x,), _encoder_layer_mistakes(reference, mask), case=case)
+            learner.train()  # dropout=0.0 was asked: train mode must give the same output
+            if not torch.allclose(_run(learner, x, mask), expected, atol=1e-5, rtol=1e-4):
+                raise CheckFailure(
+                    f"Likely mistake ({case}): dropout is active although dropout=0.0 was asked (in eval "
+                    "mode your output is right, in train mode it changes). Pass the dropout argument on: "
+                    "nn.Dropout(dropout); a bare nn.Dropout() drops with p=0.5."
+                )
+    passed("check_encoder_layer", len(cases))

@@ -1,3 +1,391 @@
-"""Checkers for the exercises of lesson (being written)."""
+"""Checkers for the exercises of lesson 06 (training on the copy task).
 
-__all__: list[str] = []
+* ``check_label_smoothing(fn_or_cls)``: either a function ``fn(logits, labels, pad_id, smoothing)
+  -> scalar`` or a module class ``cls(vocab_size, pad_id, smoothing)`` called as ``module(logits,
+  labels)``; logits ``(B, L, V)`` or ``(N, V)``, labels ``(B, L)`` or ``(N,)``. The reference is
+  ``course_lib.LabelSmoothingLoss``: target ``1 - eps`` on the label, ``eps / (V - 2)`` on every class
+  except the label and pad, ``0`` on pad; pad labels ignored; mean over the non-pad tokens.
+* ``check_greedy_decode(fn)``: ``fn(model, src (B, L_s), max_len, start_id) -> ids (B, max_len)``,
+  reference ``course_lib.greedy_decode``.
+* ``check_shift(fn)``: ``fn(tgt (B, L), sos_id) -> (tgt_in, tgt_out)``, both ``(B, L)``: decoder input
+  ``<sos> + tgt[:, :-1]`` and labels ``tgt`` (what ``CopyTask.make_batch`` does).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ..decoding import greedy_decode
+from ..masks import padding_mask
+from ..model import Transformer, TransformerConfig
+from ..training import LabelSmoothingLoss
+from ._common import CheckFailure, Mistake, checker, compare, expect_shape, passed
+
+__all__ = ["check_label_smoothing", "check_greedy_decode", "check_shift"]
+
+
+def _call(fn: Callable[..., Any], case: str, fix: str, *args: Any) -> Any:
+    """Run the learner's code; a crash becomes a CheckFailure that says which case and what to check."""
+    try:
+        return fn(*args)
+    except NotImplementedError:
+        raise
+    except CheckFailure:
+        raise
+    except Exception as err:
+        raise CheckFailure(f"Your code raised {type(err).__name__} ({case}): {err}. {fix}") from err
+
+
+# ----------------------------------------------------------------------------------------------
+# check_label_smoothing
+# ----------------------------------------------------------------------------------------------
+
+def _smoothed_loss(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    pad_id: int,
+    eps: float,
+    spread: str = "V-2",
+    zero_pad_class: bool = True,
+    ignore_pad_rows: bool = True,
+    denominator: str = "non-pad",
+    log_probs: str = "log_softmax",
+    softmax_dim: int = -1,
+    flatten: str = "same",
+    kl: bool = False,
+) -> torch.Tensor:
+    """Label-smoothed cross-entropy with one thing changed, to reproduce a learner's likely mistake.
+
+    ``spread``: what ``eps`` is divided by on the other classes ("V-2", "V-1", "V", or "V, label too":
+    the label gets ``1 - eps + eps/V``, nn.CrossEntropyLoss's convention); ``denominator``: "non-pad", "all"
+    (every position) or "none" (a sum); ``log_probs``: "log_softmax", "softmax" (probabilities) or
+    "logits" (raw scores); ``flatten``: "same", or "transposed" (logits flattened position-major);
+    ``kl``: the KL divergence sum q (log q - log p) instead of the cross-entropy.
+    """
+    V = logits.size(-1)
+    scores = logits
+    if log_probs == "log_softmax":
+        scores = F.log_softmax(logits, dim=softmax_dim)
+    elif log_probs == "softmax":
+        scores = logits.softmax(dim=softmax_dim)
+    if flatten == "transposed" and scores.dim() == 3:
+        scores = scores.transpose(0, 1)  # (B, L, V) -> (L, B, V): flattened in a different order
+    scores = scores.reshape(-1, V)
+    labels = labels.reshape(-1)
+    divisor = {"V-2": V - 2, "V-1": V - 1, "V": V, "V, label too": V}[spread]
+    target = torch.full_like(scores, eps / divisor)
+    if spread == "V, label too":
+        target += F.one_hot(labels, V).to(scores.dtype) * (1.0 - eps)  # nn.CrossEntropyLoss: eps/V everywhere
+    else:
+        target.scatter_(1, labels.unsqueeze(1), 1.0 - eps)
+    if zero_pad_class:
+        target[:, pad_id] = 0.0
+    if ignore_pad_rows:
+        target[labels == pad_id] = 0.0
+    total = -(target * scores).sum()
+    if kl:  # + sum q log q (0 log 0 = 0): the Annotated Transformer's nn.KLDivLoss
+        total = total + torch.xlogy(target, target).sum()
+    if denominator == "non-pad":
+        return total / (labels != pad_id).sum()
+    if denominator == "all":
+        return total / labels.numel()
+    return total
+
+
+def _label_smoothing_mistakes() -> list[Mistake]:
+    def m(name: str, hint: str, **kw: Any) -> Mistake:
+        return Mistake(name, hint, lambda lg, lb, pad, eps: _smoothed_loss(lg, lb, pad, eps, **kw))
+
+    pad_hint = (
+        "A position whose label is <pad> is not a token to predict: give it an all-zero target row "
+        "(target[labels == pad_id] = 0) and divide by the number of non-pad labels, (labels != pad_id).sum()."
+    )
+    pad_class_hint = (
+        "The model should never predict <pad>, so the target puts no mass on it: after filling, set the pad "
+        "column to 0 (target[:, pad_id] = 0) and spread eps over the V - 2 classes that are neither the label "
+        "nor pad."
+    )
+    eps_v_hint = (
+        "That is nn.CrossEntropyLoss(label_smoothing=eps)'s convention: it spreads eps/V over ALL V classes, "
+        "the label and pad included. Here the label gets exactly 1 - eps, pad gets 0 and each of the other "
+        "V - 2 classes gets eps / (V - 2)."
+    )
+    log_hint = (
+        "Cross-entropy needs log-probabilities: F.log_softmax(logits, dim=-1) (one stable step; not "
+        "torch.log(softmax(...)), which can give -inf)."
+    )
+    axis_hint = (
+        "The classes are the LAST axis of logits, for (B, L, V) and for (N, V): use log_softmax(dim=-1), "
+        "not a fixed dim=1 (which is the position axis of a (B, L, V) tensor)."
+    )
+    flatten_hint = (
+        "Flatten both with reshape: logits.reshape(-1, V) and labels.reshape(-1), so row i of the logits "
+        "still belongs to label i. Do not transpose one of them first."
+    )
+    return [
+        m("pad positions not ignored (pad labels still contribute to the loss)", pad_hint, ignore_pad_rows=False),
+        m("pad positions not ignored (pad labels still contribute to the loss)", pad_hint,
+          ignore_pad_rows=False, denominator="all"),
+        m("pad positions not ignored (averaged over ALL positions, pad included)", pad_hint, denominator="all"),
+        m("eps/V instead of eps/(V-2) (nn.CrossEntropyLoss's convention)", eps_v_hint, spread="V, label too",
+          zero_pad_class=False),
+        m("eps/V instead of eps/(V-2) (nn.CrossEntropyLoss's convention)", eps_v_hint, spread="V, label too"),
+        m("eps/V instead of eps/(V-2) (nn.CrossEntropyLoss's convention)", eps_v_hint, spread="V"),
+        m("eps/V instead of eps/(V-2) (nn.CrossEntropyLoss's convention)", eps_v_hint, spread="V",
+          zero_pad_class=False),
+        m("smoothing mass put on the pad class", pad_class_hint, zero_pad_class=False),
+        m("smoothing mass put on the pad class", pad_class_hint, spread="V-1", zero_pad_class=False),
+        m("eps/(V-1) instead of eps/(V-2): the pad column was zeroed but still counted", pad_class_hint,
+          spread="V-1"),
+        m("summed instead of averaged over the tokens",
+          "Divide the summed loss by the number of non-pad labels, so the loss (and the learning rate that "
+          "suits it) does not depend on the batch size or the sequence length.", denominator="none"),
+        m("no log_softmax: you used probabilities (softmax) instead of log-probabilities", log_hint,
+          log_probs="softmax"),
+        m("no log_softmax: you used the raw logits instead of log-probabilities", log_hint, log_probs="logits"),
+        m("KL divergence instead of cross-entropy (nn.KLDivLoss, as in the Annotated Transformer)",
+          "KL(q || p) = cross-entropy - entropy(q): the same gradients, but a different number. This lesson's "
+          "loss is the cross-entropy -(target * log_probs).sum() / number of non-pad labels.", kl=True),
+        m("wrong shape handling: log_softmax over the wrong axis", axis_hint, softmax_dim=1),
+        m("wrong shape handling: log_softmax over the wrong axis", axis_hint, softmax_dim=0),
+        m("wrong shape handling: logits and labels flattened in different orders", flatten_hint,
+          flatten="transposed"),
+    ]
+
+
+def _label_smoothing_cases() -> list[tuple[str, torch.Tensor, torch.Tensor, int, float]]:
+    g = torch.Generator().manual_seed(6)
+    cases = []
+    # 1. (B, L, V) with some pad labels at the end of the rows; V = 7, so V - 2 = 5 differs from V - 1 and V.
+    logits = torch.randn(2, 5, 7, generator=g) * 2
+    labels = torch.tensor([[3, 5, 2, 0, 0], [6, 1, 4, 2, 0]])
+    cases.append(("logits (2, 5, 7), pad_id=0, smoothing=0.1, three pad labels", logits, labels, 0, 0.1))
+    # 2. (B, L, V) with L != B != V and a pad id that is not 0.
+    logits = torch.randn(3, 4, 6, generator=g) * 2
+    labels = torch.tensor([[1, 5, 2, 2], [4, 0, 3, 2], [5, 5, 1, 2]])
+    cases.append(("logits (3, 4, 6), pad_id=2, smoothing=0.2", logits, labels, 2, 0.2))
+    # 3. Flat (N, V) logits.
+    logits = torch.randn(6, 5, generator=g) * 2
+    labels = torch.tensor([2, 0, 4, 3, 0, 1])
+    cases.append(("flat logits (6, 5), labels (6,), pad_id=0, smoothing=0.3", logits, labels, 0, 0.3))
+    # 4. No smoothing: plain cross-entropy that ignores pad.
+    logits = torch.randn(2, 3, 9, generator=g) * 2
+    labels = torch.tensor([[7, 8, 0], [2, 3, 4]])
+    cases.append(("logits (2, 3, 9), pad_id=0, smoothing=0.0 (plain cross-entropy)", logits, labels, 0, 0.0))
+    return cases
+
+
+def _label_smoothing_runner(candidate: Any) -> Callable[[torch.Tensor, torch.Tensor, int, float], Any]:
+    """A class is built as ``cls(vocab_size, pad_id, smoothing)`` and called on (logits, labels)."""
+    if inspect.isclass(candidate):
+        def run(logits: torch.Tensor, labels: torch.Tensor, pad_id: int, eps: float) -> Any:
+            return candidate(logits.size(-1), pad_id, eps)(logits, labels)
+        return run
+    return candidate
+
+
+@checker
+def check_label_smoothing(candidate: Any) -> None:
+    """Check a label-smoothed loss, ``fn(logits, labels, pad_id, smoothing)`` or
+    ``cls(vocab_size, pad_id, smoothing)(logits, labels)``, against ``course_lib.LabelSmoothingLoss``."""
+    run = _label_smoothing_runner(candidate)
+    mistakes = _label_smoothing_mistakes()
+    cases = _label_smoothing_cases()
+    fix = ("Flatten logits to (N, V) and labels to (N,) with reshape, build the (N, V) target with "
+           "torch.full and scatter_, and keep every step in torch (no .item() or numpy).")
+    for case, logits, labels, pad_id, eps in cases:
+        got = _call(run, case, fix, logits.clone(), labels.clone(), pad_id, eps)
+        if isinstance(got, (float, int)):
+            got = torch.tensor(float(got))
+        if not isinstance(got, torch.Tensor):
+            raise CheckFailure(f"Return the loss as a torch scalar tensor; got {type(got).__name__} ({case}).")
+        if got.dim() != 0:
+            if got.numel() == 1:
+                got = got.reshape(())
+            else:
+                raise CheckFailure(
+                    f"Likely mistake ({case}): wrong shape handling: the loss is not a scalar, it has shape "
+                    f"{tuple(got.shape)}. Return ONE number: the sum over every token and class of "
+                    "-target * log_prob, divided by the number of non-pad labels."
+                )
+        expected = LabelSmoothingLoss(logits.size(-1), pad_id, eps)(logits, labels)
+        compare(got.detach(), expected, (logits, labels, pad_id, eps), mistakes, case)
+    passed("check_label_smoothing", len(cases))
+
+
+# ----------------------------------------------------------------------------------------------
+# check_greedy_decode
+# ----------------------------------------------------------------------------------------------
+
+def _decode_variant(
+    model: Transformer,
+    src: torch.Tensor,
+    max_len: int,
+    start_id: int,
+    feed: str = "prefix",
+    pick: str = "last",
+    steps: int | None = None,
+    keep_start: bool = False,
+) -> torch.Tensor:
+    """Greedy decoding with one thing changed. ``feed``: "prefix" or "last" (only the newest token);
+    ``pick``: "last" (correct), "first" (first position's logits) or "axis" (argmax over positions)."""
+    with torch.no_grad():
+        src_mask = padding_mask(src, model.config.pad_id)
+        memory = model.encode(src, src_mask)
+        ys = torch.full((src.size(0), 1), start_id, dtype=torch.long)
+        for _ in range(max_len if steps is None else steps):
+            inp = ys if feed == "prefix" else ys[:, -1:]
+            logits = model.generator(model.decode(inp, memory, src_mask))  # (B, t, V)
+            if pick == "last":
+                next_id = logits[:, -1].argmax(dim=-1)
+            elif pick == "first":
+                next_id = logits[:, 0].argmax(dim=-1)
+            else:
+                next_id = logits.argmax(dim=1)[:, -1]  # over positions, not the vocabulary
+            ys = torch.cat([ys, next_id.unsqueeze(1)], dim=1)
+    return ys if keep_start else ys[:, 1:]
+
+
+def _greedy_mistakes() -> list[Mistake]:
+    def m(name: str, hint: str, **kw: Any) -> Mistake:
+        return Mistake(name, hint, lambda model, src, n, s: _decode_variant(model, src, n, s, **kw))
+
+    start_hint = "The start symbol is only the decoder's first input, not an output: return ys[:, 1:]."
+    return [
+        m("start symbol included in the output", start_hint, keep_start=True),
+        Mistake("start symbol included in the output (and the last token dropped to keep the length)", start_hint,
+                lambda model, src, n, s: _decode_variant(model, src, n, s, keep_start=True)[:, :n]),
+        m("decoder fed only the last token (no growing prefix)",
+          "At step t the decoder must see the whole prefix <sos>, y_1, ..., y_t (the causal mask keeps it "
+          "honest), exactly as in training: decode(ys, ...), not decode(ys[:, -1:], ...).", feed="last"),
+        m("argmax over the wrong axis (positions instead of the vocabulary)",
+          "Take the logits of the last position, (B, V), and argmax over the vocabulary: "
+          "model.generator(hidden[:, -1]).argmax(dim=-1).", pick="axis"),
+        m("next token taken from the FIRST position instead of the last",
+          "Position t-1's output predicts token t: use hidden[:, -1], the newest position.", pick="first"),
+        Mistake("off-by-one length: one token too many",
+                "Generate exactly max_len tokens: range(max_len) steps, each appending one token.",
+                lambda model, src, n, s: _decode_variant(model, src, n, s, steps=n + 1)),
+        Mistake("off-by-one length: one token too few",
+                "Generate exactly max_len tokens: range(max_len) steps, each appending one token "
+                "(the start symbol does not count).",
+                lambda model, src, n, s: _decode_variant(model, src, n, s, steps=n - 1)),
+    ]
+
+
+def _greedy_model() -> Transformer:
+    """A small random model whose outputs change with every token of the prefix."""
+    torch.manual_seed(6)
+    cfg = TransformerConfig(d_model=32, num_heads=2, num_encoder_layers=1, num_decoder_layers=2, d_ff=64)
+    model = Transformer(cfg).eval()
+    with torch.no_grad():
+        model.generator.weight.mul_(4.0)  # sharper, more varied argmax
+    return model
+
+
+def _greedy_cases() -> list[tuple[str, torch.Tensor, int, int]]:
+    g = torch.Generator().manual_seed(6)
+    return [
+        ("src (4, 6), max_len=6, start_id=1", torch.randint(2, 11, (4, 6), generator=g), 6, 1),
+        ("src (3, 7), max_len=4 (shorter than the source), start_id=1", torch.randint(2, 11, (3, 7), generator=g), 4, 1),
+        ("one sequence, src (1, 5), max_len=8, start_id=1", torch.randint(2, 11, (1, 5), generator=g), 8, 1),
+    ]
+
+
+@checker
+def check_greedy_decode(fn: Callable[..., Any]) -> None:
+    """Check ``fn(model, src, max_len, start_id) -> (B, max_len)`` ids against ``course_lib.greedy_decode``."""
+    model = _greedy_model()
+    mistakes = _greedy_mistakes()
+    cases = _greedy_cases()
+    fix = ("Encode the source once (model.encode(src)), keep ys (B, t) starting with the start symbol, and at "
+           "every step call model.decode(ys, memory, src_mask), then model.generator(...) on the last position.")
+    for case, src, max_len, start_id in cases:
+        got = _call(fn, case, fix, model, src.clone(), max_len, start_id)
+        if not isinstance(got, torch.Tensor):
+            raise CheckFailure(f"Return a (B, max_len) tensor of token ids; got {type(got).__name__} ({case}).")
+        if got.is_floating_point():
+            raise CheckFailure(
+                f"Likely mistake ({case}): returning logits instead of ids: your output is a float tensor of shape "
+                f"{tuple(got.shape)}. Take the argmax over the vocabulary at each step and return the chosen ids, "
+                "a long tensor (B, max_len)."
+            )
+        expected = greedy_decode(model, src, max_len=max_len, start_id=start_id)
+        try:
+            compare(got.long(), expected, (model, src, max_len, start_id), mistakes, case, atol=0)
+        except CheckFailure as err:
+            if got.shape != expected.shape and not str(err).startswith("Likely mistake"):
+                expect_shape(got, expected.shape, "the generated ids",
+                             "Return (B, max_len) ids, without the start symbol.")
+            raise
+    passed("check_greedy_decode", len(cases))
+
+
+# ----------------------------------------------------------------------------------------------
+# check_shift
+# ----------------------------------------------------------------------------------------------
+
+def _shift_mistakes() -> list[Mistake]:
+    def prepend(x: torch.Tensor, value: int) -> torch.Tensor:
+        return torch.cat([torch.full((x.size(0), 1), value, dtype=x.dtype), x], dim=1)
+
+    def append_pad(x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([x, torch.zeros(x.size(0), 1, dtype=x.dtype)], dim=1)
+
+    double_hint = (
+        "Shift only ONCE: the decoder input is <sos> + tgt[:, :-1] and the labels are tgt itself. Shifting the "
+        "labels as well (tgt[:, 1:]) makes position t predict the token two ahead of its input, and the copy fails."
+    )
+    labels_hint = (
+        "Shift the INPUTS, not the labels: tgt_in = <sos> + tgt[:, :-1], tgt_out = tgt. With tgt_in = tgt and "
+        "tgt_out = tgt[:, 1:] the first token is never predicted and generation has no start symbol to begin from."
+    )
+    return [
+        Mistake("no shift: the decoder input equals the labels",
+                "Position t would be shown the token it must predict, so the model learns to copy its input and "
+                "fails at generation time. Use tgt_in = <sos> + tgt[:, :-1].",
+                lambda tgt, sos: (tgt.clone(), tgt.clone())),
+        Mistake("double shift: both the decoder input and the labels are shifted", double_hint,
+                lambda tgt, sos: (prepend(tgt[:, :-1], sos), append_pad(tgt[:, 1:]))),
+        Mistake("double shift: both the decoder input and the labels are shifted", double_hint,
+                lambda tgt, sos: (prepend(tgt[:, :-1], sos), tgt[:, 1:])),
+        Mistake("double shift: both the decoder input and the labels are shifted", double_hint,
+                lambda tgt, sos: (prepend(tgt[:, :-2], sos), tgt[:, 1:])),
+        Mistake("labels shifted instead of inputs", labels_hint,
+                lambda tgt, sos: (tgt.clone(), append_pad(tgt[:, 1:]))),
+        Mistake("labels shifted instead of inputs", labels_hint,
+                lambda tgt, sos: (tgt[:, :-1], tgt[:, 1:])),
+        Mistake("start symbol in the labels: tgt_out is the decoder input",
+                "The labels are the target itself, tgt_out = tgt; the start symbol is never predicted.",
+                lambda tgt, sos: (prepend(tgt[:, :-1], sos), prepend(tgt[:, :-1], sos))),
+        Mistake("start symbol appended instead of prepended",
+                "The start symbol goes FIRST: torch.cat([sos_column, tgt[:, :-1]], dim=1).",
+                lambda tgt, sos: (torch.cat([tgt[:, 1:], torch.full((tgt.size(0), 1), sos, dtype=tgt.dtype)], 1),
+                                  tgt.clone())),
+    ]
+
+
+@checker
+def check_shift(fn: Callable[..., Any]) -> None:
+    """Check ``fn(tgt (B, L), sos_id) -> (tgt_in, tgt_out)`` against ``CopyTask.make_batch``'s shift."""
+    g = torch.Generator().manual_seed(6)
+    cases = [
+        ("tgt (3, 6), sos_id=1", torch.randint(2, 11, (3, 6), generator=g), 1),
+        ("tgt (2, 4), sos_id=7 (a start id that is not 1)", torch.randint(2, 7, (2, 4), generator=g), 7),
+        ("one sequence, tgt (1, 10), sos_id=1", torch.randint(2, 11, (1, 10), generator=g), 1),
+    ]
+    mistakes = _shift_mistakes()
+    fix = "Build the start column with torch.full((B, 1), sos_id, dtype=tgt.dtype) and join with torch.cat(..., dim=1)."
+    for case, tgt, sos_id in cases:
+        got = _call(fn, case, fix, tgt.clone(), sos_id)
+        if isinstance(got, torch.Tensor) or not isinstance(got, (tuple, list)) or len(got) != 2:
+            raise CheckFailure(f"Return a pair (tgt_in, tgt_out); got {type(got).__name__} ({case}).")
+        sos = torch.full((tgt.size(0), 1), sos_id, dtype=tgt.dtype)
+        expected = (torch.cat([sos, tgt[:, :-1]], dim=1), tgt.clone())
+        compare(tuple(got), expected, (tgt, sos_id), mistakes, case, atol=0)
+    passed("check_shift", len(cases))

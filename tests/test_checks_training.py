@@ -1,0 +1,249 @@
+"""Tests for the lesson-06 checkers: a correct answer passes, each named mistake is caught with its own
+words, and an exercise that is not done yet prints one friendly line.
+
+The wrong answers below are written the way a learner would write them, independently of the variants
+the checker builds, so these tests show that the checker recognises real code.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from course_lib.checks import check_greedy_decode, check_label_smoothing, check_shift
+from course_lib.masks import padding_mask
+
+
+# ----------------------------------------------------------------------------------------------
+# label smoothing
+# ----------------------------------------------------------------------------------------------
+
+def make_loss(divisor=lambda V: V - 2, zero_pad_class=True, ignore_pad=True, mean_over="non-pad",
+              log_fn=lambda x: F.log_softmax(x, dim=-1), cross_entropy_style=False, transpose=False):
+    """A learner's label-smoothing loss with the given choices."""
+
+    def loss(logits, labels, pad_id, smoothing):
+        V = logits.size(-1)
+        if transpose and logits.dim() == 3:
+            logits = logits.transpose(0, 1)
+        logp = log_fn(logits).reshape(-1, V)
+        labels = labels.reshape(-1)
+        if cross_entropy_style:
+            target = torch.full_like(logp, smoothing / V) + (1 - smoothing) * F.one_hot(labels, V)
+        else:
+            target = torch.full_like(logp, smoothing / divisor(V))
+            target[torch.arange(labels.numel()), labels] = 1 - smoothing
+        if zero_pad_class:
+            target[:, pad_id] = 0
+        if ignore_pad:
+            target[labels == pad_id] = 0
+        total = -(target * logp).sum()
+        if mean_over == "non-pad":
+            return total / (labels != pad_id).sum()
+        if mean_over == "all":
+            return total / labels.numel()
+        return total
+
+    return loss
+
+
+def test_label_smoothing_correct_function_passes(capsys):
+    assert check_label_smoothing(make_loss()) is True
+    assert "check_label_smoothing: all 4 cases match" in capsys.readouterr().out
+
+
+def test_label_smoothing_accepts_the_reference_class(capsys):
+    from course_lib.training import LabelSmoothingLoss
+
+    assert check_label_smoothing(LabelSmoothingLoss) is True
+    assert "Well done" in capsys.readouterr().out
+
+
+def test_label_smoothing_accepts_a_learner_class(capsys):
+    class MyLoss(nn.Module):
+        def __init__(self, vocab_size, pad_id, smoothing):
+            super().__init__()
+            self.pad_id, self.smoothing = pad_id, smoothing
+            self.fn = make_loss()
+
+        def forward(self, logits, labels):
+            return self.fn(logits, labels, self.pad_id, self.smoothing)
+
+    assert check_label_smoothing(MyLoss) is True
+
+
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (make_loss(ignore_pad=False), "pad positions not ignored"),
+        (make_loss(mean_over="all"), "averaged over ALL positions"),
+        (make_loss(zero_pad_class=False), "smoothing mass put on the pad class"),
+        (make_loss(cross_entropy_style=True, zero_pad_class=False), r"eps/V instead of eps/\(V-2\).*nn.CrossEntropyLoss"),
+        (make_loss(divisor=lambda V: V), r"eps/V instead of eps/\(V-2\)"),
+        (make_loss(mean_over="sum"), "summed instead of averaged"),
+        (make_loss(log_fn=lambda x: x.softmax(-1)), "no log_softmax: you used probabilities"),
+        (make_loss(log_fn=lambda x: x), "no log_softmax: you used the raw logits"),
+        (make_loss(log_fn=lambda x: F.log_softmax(x, dim=1)), "wrong shape handling: log_softmax over the wrong axis"),
+        (make_loss(transpose=True), "wrong shape handling: logits and labels flattened in different orders"),
+    ],
+)
+def test_label_smoothing_names_each_mistake(wrong, words):
+    with pytest.raises(AssertionError, match=words):
+        check_label_smoothing(wrong)
+
+
+def test_label_smoothing_nn_cross_entropy_is_named():
+    def with_torch(logits, labels, pad_id, smoothing):
+        return F.cross_entropy(logits.reshape(-1, logits.size(-1)), labels.reshape(-1),
+                               ignore_index=pad_id, label_smoothing=smoothing)
+
+    with pytest.raises(AssertionError, match="nn.CrossEntropyLoss"):
+        check_label_smoothing(with_torch)
+
+
+def test_label_smoothing_kl_divergence_is_named():
+    def kl_div(logits, labels, pad_id, smoothing):
+        V = logits.size(-1)
+        logp = F.log_softmax(logits.reshape(-1, V), dim=-1)
+        labels = labels.reshape(-1)
+        target = torch.full_like(logp, smoothing / (V - 2))
+        target.scatter_(1, labels[:, None], 1 - smoothing)
+        target[:, pad_id] = 0
+        target[labels == pad_id] = 0
+        return nn.KLDivLoss(reduction="sum")(logp, target) / (labels != pad_id).sum()
+
+    with pytest.raises(AssertionError, match="KL divergence instead of cross-entropy"):
+        check_label_smoothing(kl_div)
+
+
+def test_label_smoothing_per_token_losses_are_not_a_scalar():
+    def per_token(logits, labels, pad_id, smoothing):
+        return F.cross_entropy(logits.reshape(-1, logits.size(-1)), labels.reshape(-1), reduction="none")
+
+    with pytest.raises(AssertionError, match="wrong shape handling: the loss is not a scalar"):
+        check_label_smoothing(per_token)
+
+
+def test_label_smoothing_unimplemented_prints_friendly_line(capsys):
+    def label_smoothing_loss(logits, labels, pad_id, smoothing):
+        raise NotImplementedError
+
+    assert check_label_smoothing(label_smoothing_loss) is None
+    assert "`label_smoothing_loss` is not implemented yet" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------------------------
+# greedy decoding
+# ----------------------------------------------------------------------------------------------
+
+def make_decode(feed_prefix=True, keep_start=False, steps_delta=0, pick="last", return_logits=False,
+                reencode=False):
+    @torch.no_grad()
+    def decode(model, src, max_len, start_id):
+        src_mask = padding_mask(src, model.config.pad_id)
+        memory = model.encode(src, src_mask)
+        ys = torch.full((src.size(0), 1), start_id, dtype=torch.long)
+        all_logits = []
+        for _ in range(max_len + steps_delta):
+            if reencode:
+                memory = model.encode(src, src_mask)
+            logits = model.generator(model.decode(ys if feed_prefix else ys[:, -1:], memory, src_mask))
+            all_logits.append(logits[:, -1])
+            if pick == "last":
+                next_id = logits[:, -1].argmax(-1)
+            else:  # argmax over the position axis
+                next_id = logits.argmax(1)[:, -1]
+            ys = torch.cat([ys, next_id[:, None]], dim=1)
+        if return_logits:
+            return torch.stack(all_logits, dim=1)
+        return ys if keep_start else ys[:, 1:]
+
+    return decode
+
+
+def test_greedy_correct_passes(capsys):
+    assert check_greedy_decode(make_decode()) is True
+    assert "check_greedy_decode: all 3 cases match" in capsys.readouterr().out
+
+
+def test_greedy_reencoding_the_source_each_step_is_fine():
+    assert check_greedy_decode(make_decode(reencode=True)) is True
+
+
+def test_greedy_reference_passes():
+    from course_lib.decoding import greedy_decode
+
+    assert check_greedy_decode(lambda m, s, n, st: greedy_decode(m, s, max_len=n, start_id=st)) is True
+
+
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (make_decode(keep_start=True), "start symbol included in the output"),
+        (make_decode(feed_prefix=False), "decoder fed only the last token"),
+        (make_decode(pick="axis"), "argmax over the wrong axis"),
+        (make_decode(return_logits=True), "returning logits instead of ids"),
+        (make_decode(steps_delta=1), "off-by-one length: one token too many"),
+        (make_decode(steps_delta=-1), "off-by-one length: one token too few"),
+    ],
+)
+def test_greedy_names_each_mistake(wrong, words):
+    with pytest.raises(AssertionError, match=words):
+        check_greedy_decode(wrong)
+
+
+def test_greedy_start_kept_but_length_right_is_named():
+    full = make_decode(keep_start=True)
+    with pytest.raises(AssertionError, match="start symbol included in the output"):
+        check_greedy_decode(lambda m, s, n, st: full(m, s, n, st)[:, :n])
+
+
+def test_greedy_unimplemented_prints_friendly_line(capsys):
+    def my_greedy_decode(model, src, max_len, start_id):
+        raise NotImplementedError
+
+    assert check_greedy_decode(my_greedy_decode) is None
+    assert "`my_greedy_decode` is not implemented yet" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------------------------
+# the shift
+# ----------------------------------------------------------------------------------------------
+
+def sos_column(tgt, sos_id):
+    return torch.full((tgt.size(0), 1), sos_id, dtype=tgt.dtype)
+
+
+def test_shift_correct_passes(capsys):
+    def shift(tgt, sos_id):
+        return torch.cat([sos_column(tgt, sos_id), tgt[:, :-1]], dim=1), tgt
+
+    assert check_shift(shift) is True
+    assert "check_shift: all 3 cases match" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "wrong, words",
+    [
+        (lambda tgt, sos: (tgt, tgt), "no shift"),
+        (lambda tgt, sos: (torch.cat([sos_column(tgt, sos), tgt[:, :-1]], 1),
+                           torch.cat([tgt[:, 1:], torch.zeros_like(tgt[:, :1])], 1)), "double shift"),
+        (lambda tgt, sos: (tgt, torch.cat([tgt[:, 1:], torch.zeros_like(tgt[:, :1])], 1)),
+         "labels shifted instead of inputs"),
+        (lambda tgt, sos: (tgt[:, :-1], tgt[:, 1:]), "labels shifted instead of inputs"),
+        (lambda tgt, sos: (torch.cat([sos_column(tgt, sos), tgt[:, :-1]], 1),) * 2, "start symbol in the labels"),
+    ],
+)
+def test_shift_names_each_mistake(wrong, words):
+    with pytest.raises(AssertionError, match=words):
+        check_shift(wrong)
+
+
+def test_shift_unimplemented_prints_friendly_line(capsys):
+    def make_decoder_io(tgt, sos_id):
+        raise NotImplementedError
+
+    assert check_shift(make_decoder_io) is None
+    assert "`make_decoder_io` is not implemented yet" in capsys.readouterr().out

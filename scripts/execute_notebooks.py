@@ -2,12 +2,15 @@
 
     python scripts/execute_notebooks.py notebooks/01_attention.ipynb [more.ipynb ...]
 
-Runs from the notebook's own folder (as JupyterLab does), records no timing metadata, and sets the
-generic "python3" kernel so the stored notebooks open anywhere (JupyterLab, Colab).
+Runs from the notebook's own folder (as JupyterLab does), records no timing metadata, stores each
+text stream as a terminal would show it (a progress bar's carriage-return updates collapse to its
+final state, as nbval also compares them), and sets the generic "python3" kernel so the stored
+notebooks open anywhere (JupyterLab, Colab).
 """
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -17,6 +20,26 @@ from nbclient import NotebookClient
 KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
 
 
+def collapse_carriage_returns(text: str) -> str:
+    """Keep what a terminal shows: on each line, only the text after the last carriage return."""
+    return "\n".join(re.sub(r"^.*\r(?=[^\r]*$)", "", line) for line in text.split("\n"))
+
+
+def merge_streams(outputs: list) -> list:
+    """Join consecutive outputs of the same stream (one per message) and collapse carriage returns."""
+    merged: list = []
+    for output in outputs:
+        if output.get("output_type") == "stream" and merged and merged[-1].get("output_type") == "stream" \
+                and merged[-1]["name"] == output["name"]:
+            merged[-1]["text"] += output["text"]
+        else:
+            merged.append(output)
+    for output in merged:
+        if output.get("output_type") == "stream":
+            output["text"] = collapse_carriage_returns(output["text"])
+    return merged
+
+
 def execute(path: Path) -> None:
     nb = nbformat.read(path, as_version=4)
     client = NotebookClient(
@@ -24,6 +47,9 @@ def execute(path: Path) -> None:
         resources={"metadata": {"path": str(path.parent)}},
     )
     client.execute()
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.outputs = merge_streams(cell.outputs)
     nb.metadata["kernelspec"] = KERNELSPEC
     nb.metadata.pop("widgets", None)
     nbformat.write(nb, path)

@@ -240,7 +240,7 @@ def test_course_lib_multi_head_attention_passes(capsys):
         (variant("ScaledByDModel", scale="d_model"), r"scaled by sqrt\(d_model\) instead of sqrt\(head_dim\)"),
         (WrongShapeMHA, r"Wrong output shape.*\(B, L_q, d_model\)"),
         (NoMaskArgument, r"forward does not take a mask.*forward\(query, key, value, mask=None\)"),
-        (RenamedMHA, r"state_dict names differ.*missing \['out_proj\.weight', 'out_proj\.bias'\].*W_o"),
+        (RenamedMHA, r"state_dict names differ.*Missing: \['out_proj\.bias', 'out_proj\.weight'\].*W_o"),
     ],
 )
 def test_multi_head_attention_names_mistake(cls, words):

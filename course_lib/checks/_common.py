@@ -14,8 +14,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import nn
 
-__all__ = ["Mistake", "CheckFailure", "checker", "expect_shape", "expect_finite", "compare", "passed"]
+__all__ = [
+    "Mistake", "CheckFailure", "checker", "expect_shape", "expect_finite", "compare", "passed",
+    "load_reference_weights", "run_learner",
+]
 
 ATOL = 1e-5
 
@@ -51,6 +55,47 @@ def checker(func: Callable[..., None]) -> Callable[..., bool | None]:
         return True
 
     return wrapper
+
+
+def run_learner(fn: Callable[..., Any], *args: Any, case: str = "", hint: str = "", **kwargs: Any) -> Any:
+    """Return ``fn(*args, **kwargs)``; a crash becomes a ``CheckFailure`` naming the case, the error and ``hint``.
+
+    ``NotImplementedError`` (an unfinished exercise, see ``checker``) and ``CheckFailure`` pass through.
+    """
+    try:
+        return fn(*args, **kwargs)
+    except (NotImplementedError, CheckFailure):
+        raise
+    except Exception as err:
+        where = f" ({case})" if case else ""
+        raise CheckFailure(f"Your code raised {type(err).__name__}{where}: {err}. {hint}".strip()) from err
+
+
+def load_reference_weights(
+    learner: Any, reference_state_dict: dict[str, torch.Tensor], what: str, names_hint: str = ""
+) -> None:
+    """Load course_lib's weights into the learner's module, or fail naming the expected and found names.
+
+    ``what`` names the learner's module in the message; ``names_hint`` says how to name the submodules
+    (and is repeated when a shape differs).
+    """
+    if not isinstance(learner, nn.Module):
+        raise CheckFailure(f"{what} should be an nn.Module, got {type(learner).__name__} "
+                           "(did you forget `nn.Module` or `super().__init__()`?).")
+    found = learner.state_dict()
+    if set(found) != set(reference_state_dict):
+        missing = sorted(set(reference_state_dict) - set(found))
+        unexpected = sorted(set(found) - set(reference_state_dict))
+        raise CheckFailure(
+            f"{what}: state_dict names differ from course_lib's, so its weights cannot be copied: expected "
+            f"parameters named {sorted(reference_state_dict)}, found {sorted(found)}. Missing: {missing}; "
+            f"unexpected: {unexpected}. {names_hint or 'Name the submodules as the exercise says.'}"
+        )
+    for name, tensor in reference_state_dict.items():
+        if found[name].shape != tensor.shape:
+            raise CheckFailure(f"{what}: {name} has shape {tuple(found[name].shape)}, "
+                               f"expected {tuple(tensor.shape)}. {names_hint}".strip())
+    learner.load_state_dict(reference_state_dict)
 
 
 def _as_tensors(out: Any) -> tuple[torch.Tensor, ...]:

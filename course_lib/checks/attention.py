@@ -17,7 +17,7 @@ import torch
 
 from ..attention import scaled_dot_product_attention
 from ..masks import causal_mask, decoder_self_attention_mask, padding_mask
-from ._common import CheckFailure, Mistake, checker, compare, expect_finite, expect_shape, passed
+from ._common import CheckFailure, Mistake, checker, compare, expect_finite, expect_shape, passed, run_learner
 
 __all__ = ["check_scaled_dot_product_attention", "check_attention_mask"]
 
@@ -168,12 +168,8 @@ def check_scaled_dot_product_attention(fn: Callable[..., Any]) -> None:
     cases = _sdpa_cases()
     mistakes = _sdpa_mistakes()
     for case, (q, k, v), mask in cases:
-        try:
-            got = fn(q.clone(), k.clone(), v.clone(), mask=None if mask is None else mask.clone())
-        except NotImplementedError:
-            raise
-        except Exception as err:  # the learner's code crashed: say where to look
-            raise CheckFailure(f"Your function raised {type(err).__name__} ({case}): {err}. {_RAISED_FIX}") from err
+        got = run_learner(fn, q.clone(), k.clone(), v.clone(), mask=None if mask is None else mask.clone(),
+                          case=case, hint=_RAISED_FIX)
         if isinstance(got, torch.Tensor) or not isinstance(got, (tuple, list)) or len(got) != 2:
             what = f"a tensor of shape {tuple(got.shape)}" if isinstance(got, torch.Tensor) else type(got).__name__
             raise CheckFailure(
@@ -274,15 +270,9 @@ def check_attention_mask(fn: Callable[..., Any]) -> None:
     mistakes = _mask_mistakes()
     for case, ids, pad in cases:
         B, L = ids.shape
-        try:
-            got = fn(ids.clone(), pad)
-        except NotImplementedError:
-            raise
-        except Exception as err:
-            raise CheckFailure(
-                f"Your function raised {type(err).__name__} ({case}): {err}. A padding mask (B, L) must become "
-                "(B, 1, L) with .unsqueeze(1) before it can be combined (&) with the causal (L, L) mask."
-            ) from err
+        got = run_learner(fn, ids.clone(), pad, case=case,
+                          hint="A padding mask (B, L) must become (B, 1, L) with .unsqueeze(1) before it can be "
+                          "combined (&) with the causal (L, L) mask.")
         if not isinstance(got, torch.Tensor):
             raise CheckFailure(f"Return a torch.Tensor of dtype torch.bool, got {type(got).__name__}.")
         if got.dtype != torch.bool:

@@ -9,7 +9,7 @@ from torch import nn
 
 from ..layers import DecoderLayer
 from ..masks import decoder_self_attention_mask, padding_mask
-from ._common import CheckFailure, Mistake, checker, compare, expect_shape, passed
+from ._common import CheckFailure, Mistake, checker, compare, expect_shape, load_reference_weights, passed, run_learner
 
 __all__ = ["check_decoder_masks", "check_decoder_layer"]
 
@@ -239,21 +239,6 @@ def _layer_cases() -> list[tuple[str, int, int, int]]:
     ]
 
 
-def _copy_weights(ref: nn.Module, mine: nn.Module) -> None:
-    expected, got = set(ref.state_dict()), set(mine.state_dict())
-    if expected != got:
-        missing, unexpected = sorted(expected - got), sorted(got - expected)
-        raise CheckFailure(
-            "state_dict names differ from course_lib.DecoderLayer, so the weights cannot be copied. "
-            f"Missing: {missing}. Unexpected: {unexpected}. Expected names: self_attn, cross_attn "
-            "(MultiHeadAttention), feed_forward (FeedForward with linear1/linear2), norm1, norm2, norm3."
-        )
-    try:
-        mine.load_state_dict(ref.state_dict())
-    except RuntimeError as err:
-        raise CheckFailure(f"Weights of course_lib.DecoderLayer do not fit your layer: {err}") from None
-
-
 @checker
 def check_decoder_layer(cls: type[nn.Module]) -> None:
     """``cls(d_model, num_heads, d_ff, dropout=0.0)``, ``forward(x, memory, tgt_mask=None, memory_mask=None)``.
@@ -266,7 +251,11 @@ def check_decoder_layer(cls: type[nn.Module]) -> None:
         torch.manual_seed(100 + i)
         mine = cls(d_model, num_heads, d_ff, dropout=0.0)
         ref = DecoderLayer(d_model, num_heads, d_ff, dropout=0.0)
-        _copy_weights(ref, mine)
+        load_reference_weights(
+            mine, ref.state_dict(), "Your decoder layer",
+            "Name the submodules self_attn, cross_attn (MultiHeadAttention), feed_forward (FeedForward with "
+            "linear1/linear2), norm1, norm2, norm3.",
+        )
         mine.eval()
         ref.eval()
         g = torch.Generator().manual_seed(200 + i)
@@ -283,16 +272,12 @@ def check_decoder_layer(cls: type[nn.Module]) -> None:
             memory_mask = padding_mask(src, 0)  # (B, 1, L_s)
         inputs = (x, memory, tgt_mask, memory_mask)
         with torch.no_grad():
-            try:
-                got = mine(x.clone(), memory.clone(), tgt_mask, memory_mask)
-            except NotImplementedError:  # a RuntimeError subclass: the exercise is not done yet
-                raise
-            except (RuntimeError, ValueError) as err:
-                raise CheckFailure(
-                    f"Your layer raised an error ({case}, x {tuple(x.shape)}, memory {tuple(memory.shape)}): "
-                    f"{type(err).__name__}: {err}. If it is a shape error in cross-attention, check that keys "
-                    "and values come from memory and the query from x."
-                ) from None
+            got = run_learner(
+                mine, x.clone(), memory.clone(), tgt_mask, memory_mask,
+                case=f"{case}, x {tuple(x.shape)}, memory {tuple(memory.shape)}",
+                hint="If it is a shape error in cross-attention, check that keys and values come from memory "
+                "and the query from x.",
+            )
             expect_shape(
                 got, (B, L_t, d_model), f"DecoderLayer output ({case})",
                 "A decoder layer returns one vector per target position: (B, L_t, d_model), like x.",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -12,7 +11,7 @@ from torch import nn
 
 from ..layers import EncoderLayer, FeedForward
 from ..masks import causal_mask
-from ._common import CheckFailure, Mistake, checker, compare, expect_shape, passed
+from ._common import CheckFailure, Mistake, checker, compare, expect_shape, load_reference_weights, passed, run_learner
 
 __all__ = ["check_feed_forward", "check_layer_norm", "check_encoder_layer"]
 
@@ -25,25 +24,6 @@ def _build(cls: type, *args: Any, **kwargs: Any) -> nn.Module:
         return cls(*args)
 
 
-def _copy_weights(learner: nn.Module, reference: nn.Module, what: str) -> None:
-    """Load the reference's weights into the learner's module, or say which names are expected."""
-    ours, theirs = reference.state_dict(), learner.state_dict()
-    if set(ours) != set(theirs):
-        missing = sorted(set(ours) - set(theirs))
-        extra = sorted(set(theirs) - set(ours))
-        raise CheckFailure(
-            f"The state_dict names of your {what} differ from course_lib's, so weights cannot be copied. "
-            f"Expected names: {sorted(ours)}. Missing: {missing}; unexpected: {extra}. "
-            "Name the submodules as in the lesson."
-        )
-    for name, tensor in ours.items():
-        if theirs[name].shape != tensor.shape:
-            raise CheckFailure(
-                f"Your {what}'s {name} has shape {tuple(theirs[name].shape)}, expected {tuple(tensor.shape)}."
-            )
-    learner.load_state_dict(ours)
-
-
 def _randomize_norms(module: nn.Module, gen: torch.Generator) -> None:
     """Give every LayerNorm a non-trivial gain and bias, so a missing or misplaced norm shows."""
     with torch.no_grad():
@@ -53,17 +33,8 @@ def _randomize_norms(module: nn.Module, gen: torch.Generator) -> None:
                 m.bias.copy_(0.3 * torch.randn(m.bias.shape, generator=gen))
 
 
-def _run(fn: Callable[..., Any], *args: Any) -> Any:
-    """Call the learner's code; turn a crash into a readable failure (NotImplementedError passes through)."""
-    try:
-        return fn(*args)
-    except NotImplementedError:
-        raise
-    except (RuntimeError, ValueError, TypeError, IndexError) as err:
-        raise CheckFailure(
-            f"Your code raised {type(err).__name__}: {err}. If it is a shape error, print the shapes of "
-            "the intermediate tensors (a mean or variance taken without keepdim=True is a common cause)."
-        ) from err
+_RUN_HINT = ("If it is a shape error, print the shapes of the intermediate tensors (a mean or variance "
+             "taken without keepdim=True is a common cause).")
 
 
 # --------------------------------------------------------------------------- feed-forward
@@ -79,11 +50,12 @@ def check_feed_forward(cls: type) -> None:
         d_model = shape[-1]
         reference = FeedForward(d_model, d_ff, dropout=0.0).eval()
         learner = _build(cls, d_model, d_ff, dropout=0.0)
-        _copy_weights(learner, reference, "feed-forward network")
+        load_reference_weights(learner, reference.state_dict(), "Your feed-forward network")
         learner.eval()
         x = torch.randn(shape)
+        case = f"input {shape}, d_ff={d_ff}"
         with torch.no_grad():
-            got = _run(learner, x)
+            got = run_learner(learner, x, case=case, hint=_RUN_HINT)
             expected = reference(x)
         expect_shape(got, expected.shape, "the feed-forward output",
                      "linear2 must map d_ff back to d_model, so the output has the input's shape.")
@@ -102,7 +74,7 @@ def check_feed_forward(cls: type) -> None:
                     lambda x: l2(F.gelu(l1(x)))),
         ]
         with torch.no_grad():
-            compare(got, expected, (x,), mistakes, case=f"input {shape}, d_ff={d_ff}")
+            compare(got, expected, (x,), mistakes, case=case)
     passed("check_feed_forward", len(cases))
 
 
@@ -169,6 +141,7 @@ def check_layer_norm(candidate: Any) -> None:
         weight = 1.0 + 0.5 * torch.randn(d, generator=gen)
         bias = 0.5 * torch.randn(d, generator=gen)
         expected = F.layer_norm(x, (d,), weight, bias, eps)
+        case = f"input {shape}, eps={eps:g}"
         if is_class:
             module = candidate(d, eps=eps)
             params = dict(module.named_parameters())
@@ -186,14 +159,13 @@ def check_layer_norm(candidate: Any) -> None:
             with torch.no_grad():
                 params["weight"].copy_(weight)
                 params["bias"].copy_(bias)
-                got = _run(module, x)
+                got = run_learner(module, x, case=case, hint=_RUN_HINT)
         else:
             with torch.no_grad():
-                got = _run(candidate, x, weight, bias, eps)
+                got = run_learner(candidate, x, weight, bias, eps, case=case, hint=_RUN_HINT)
         expect_shape(got, expected.shape, "the LayerNorm output",
                      "LayerNorm keeps the input's shape; keep the feature axis with keepdim=True.")
-        compare(got, expected, (x,), _layer_norm_mistakes(weight, bias, eps),
-                case=f"input {shape}, eps={eps:g}")
+        compare(got, expected, (x,), _layer_norm_mistakes(weight, bias, eps), case=case)
     passed("check_layer_norm", len(cases))
 
 
@@ -278,19 +250,20 @@ def check_encoder_layer(cls: type) -> None:
         reference = EncoderLayer(d_model, num_heads, d_ff, dropout=0.0)
         _randomize_norms(reference, gen)
         learner = _build(cls, d_model, num_heads, d_ff, dropout=0.0)
-        _copy_weights(learner, reference, "encoder layer")
+        load_reference_weights(learner, reference.state_dict(), "Your encoder layer")
         x = torch.randn(shape, generator=gen)
         learner.eval()
         reference.eval()
         case = f"input {shape}, num_heads={num_heads}, mask {'none' if mask is None else tuple(mask.shape)}"
         with torch.no_grad():
-            got = _run(learner, x, mask)
+            got = run_learner(learner, x, mask, case=case, hint=_RUN_HINT)
             expected = reference(x, mask)
             expect_shape(got, expected.shape, "the encoder layer output",
                          "An encoder layer maps (B, L, d_model) to the same shape.")
             compare(got, expected, (x,), _encoder_layer_mistakes(reference, mask), case=case)
             learner.train()  # dropout=0.0 was asked: train mode must give the same output
-            if not torch.allclose(_run(learner, x, mask), expected, atol=1e-5, rtol=1e-4):
+            got = run_learner(learner, x, mask, case=case, hint=_RUN_HINT)
+            if not torch.allclose(got, expected, atol=1e-5, rtol=1e-4):
                 raise CheckFailure(
                     f"Likely mistake ({case}): dropout is active although dropout=0.0 was asked (in eval "
                     "mode your output is right, in train mode it changes). Pass the dropout argument on: "

@@ -17,7 +17,7 @@ from torch import nn
 
 from ..attention import MultiHeadAttention, scaled_dot_product_attention
 from ..masks import causal_mask, padding_mask
-from ._common import CheckFailure, Mistake, _close, checker, compare, expect_shape, passed
+from ._common import CheckFailure, Mistake, _close, checker, compare, expect_shape, load_reference_weights, passed
 
 __all__ = ["check_split_heads", "check_merge_heads", "check_multi_head_attention"]
 
@@ -154,9 +154,6 @@ def check_merge_heads(fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
 # MultiHeadAttention
 # ----------------------------------------------------------------------------------------------
 
-EXPECTED_NAMES = [f"{p}.{w}" for p in ("q_proj", "k_proj", "v_proj", "out_proj") for w in ("weight", "bias")]
-
-
 def _variant(
     ref: MultiHeadAttention,
     split: str = "ok",
@@ -238,29 +235,17 @@ def _build(cls: type[nn.Module], d_model: int, num_heads: int) -> tuple[nn.Modul
     torch.manual_seed(0)
     ref = MultiHeadAttention(d_model, num_heads).eval()
     model = cls(d_model, num_heads)
-    if not isinstance(model, nn.Module):
-        raise CheckFailure(f"{cls.__name__}(d_model, num_heads) should be an nn.Module, got {type(model).__name__}.")
-    names = list(model.state_dict().keys())
-    missing = [n for n in EXPECTED_NAMES if n not in names]
-    unexpected = [n for n in names if n not in EXPECTED_NAMES]
-    if any(n.startswith("out_proj.") for n in missing) and not unexpected and len(missing) == 2:
+    without_out_proj = set(ref.state_dict()) - {"out_proj.weight", "out_proj.bias"}
+    if isinstance(model, nn.Module) and set(model.state_dict()) == without_out_proj:
         raise CheckFailure(
             "Likely mistake: missing output projection. Add `self.out_proj = nn.Linear(d_model, d_model)` and "
             "apply it to the concatenated heads."
         )
-    if missing or unexpected:
-        raise CheckFailure(
-            f"state_dict names differ from course_lib's MultiHeadAttention, so the weights cannot be copied. "
-            f"Expected exactly {EXPECTED_NAMES}; missing {missing}, unexpected {unexpected}. Name the four "
-            "projections q_proj, k_proj, v_proj, out_proj (nn.Linear(d_model, d_model), with bias)."
-        )
-    try:
-        model.load_state_dict(ref.state_dict())
-    except RuntimeError as err:
-        raise CheckFailure(
-            f"The projections have the wrong sizes: each of q_proj, k_proj, v_proj, out_proj should be "
-            f"nn.Linear(d_model, d_model) = nn.Linear({d_model}, {d_model}). PyTorch says: {str(err)[:300]}"
-        ) from None
+    load_reference_weights(
+        model, ref.state_dict(), f"{cls.__name__}({d_model}, {num_heads})",
+        f"Name the four projections q_proj, k_proj, v_proj, out_proj, each nn.Linear(d_model, d_model) = "
+        f"nn.Linear({d_model}, {d_model}), with bias.",
+    )
     return model.eval(), ref
 
 

@@ -24,21 +24,9 @@ from ..decoding import greedy_decode
 from ..masks import padding_mask
 from ..model import Transformer, TransformerConfig
 from ..training import LabelSmoothingLoss
-from ._common import CheckFailure, Mistake, checker, compare, expect_shape, passed
+from ._common import CheckFailure, Mistake, checker, compare, expect_shape, passed, run_learner
 
 __all__ = ["check_label_smoothing", "check_greedy_decode", "check_shift"]
-
-
-def _call(fn: Callable[..., Any], case: str, fix: str, *args: Any) -> Any:
-    """Run the learner's code; a crash becomes a CheckFailure that says which case and what to check."""
-    try:
-        return fn(*args)
-    except NotImplementedError:
-        raise
-    except CheckFailure:
-        raise
-    except Exception as err:
-        raise CheckFailure(f"Your code raised {type(err).__name__} ({case}): {err}. {fix}") from err
 
 
 # ----------------------------------------------------------------------------------------------
@@ -199,7 +187,7 @@ def check_label_smoothing(candidate: Any) -> None:
     fix = ("Flatten logits to (N, V) and labels to (N,) with reshape, build the (N, V) target with "
            "torch.full and scatter_, and keep every step in torch (no .item() or numpy).")
     for case, logits, labels, pad_id, eps in cases:
-        got = _call(run, case, fix, logits.clone(), labels.clone(), pad_id, eps)
+        got = run_learner(run, logits.clone(), labels.clone(), pad_id, eps, case=case, hint=fix)
         if isinstance(got, (float, int)):
             got = torch.tensor(float(got))
         if not isinstance(got, torch.Tensor):
@@ -306,7 +294,7 @@ def check_greedy_decode(fn: Callable[..., Any]) -> None:
     fix = ("Encode the source once (model.encode(src)), keep ys (B, t) starting with the start symbol, and at "
            "every step call model.decode(ys, memory, src_mask), then model.generator(...) on the last position.")
     for case, src, max_len, start_id in cases:
-        got = _call(fn, case, fix, model, src.clone(), max_len, start_id)
+        got = run_learner(fn, model, src.clone(), max_len, start_id, case=case, hint=fix)
         if not isinstance(got, torch.Tensor):
             raise CheckFailure(f"Return a (B, max_len) tensor of token ids; got {type(got).__name__} ({case}).")
         if got.is_floating_point():
@@ -382,7 +370,7 @@ def check_shift(fn: Callable[..., Any]) -> None:
     mistakes = _shift_mistakes()
     fix = "Build the start column with torch.full((B, 1), sos_id, dtype=tgt.dtype) and join with torch.cat(..., dim=1)."
     for case, tgt, sos_id in cases:
-        got = _call(fn, case, fix, tgt.clone(), sos_id)
+        got = run_learner(fn, tgt.clone(), sos_id, case=case, hint=fix)
         if isinstance(got, torch.Tensor) or not isinstance(got, (tuple, list)) or len(got) != 2:
             raise CheckFailure(f"Return a pair (tgt_in, tgt_out); got {type(got).__name__} ({case}).")
         sos = torch.full((tgt.size(0), 1), sos_id, dtype=tgt.dtype)

@@ -142,68 +142,72 @@ def test_bmm_on_4d_inputs_is_explained():
         check_scaled_dot_product_attention(attention)
 
 
-# ---------------------------------------------------------------- decoder self-attention mask
+# ---------------------------------------------------------------- padding mask
 
 def make_mask_fn(mistake: str = ""):
-    def decoder_mask(ids, pad_id):
-        L = ids.size(1)
-        ones = torch.ones(L, L, dtype=torch.bool)
-        causal = {"upper": ones.triu(), "no_diag": ones.tril(-1)}.get(mistake, ones.tril())
-        pad = ids != (0 if mistake == "pad0" else pad_id)
+    def make_padding_mask(ids, pad_id):
+        real = ids != (0 if mistake == "pad0" else pad_id)  # (B, L)
         if mistake == "wrong_dtype":
-            return ((pad.unsqueeze(1) & causal)).float()
+            return real.unsqueeze(1).float()
         if mistake == "inverted":
-            return ~(pad.unsqueeze(1) & causal)
+            return (ids == pad_id).unsqueeze(1)
         if mistake == "queries":
-            return pad.unsqueeze(2) & causal
+            return real.unsqueeze(2)  # (B, L, 1)
+        if mistake == "queries_full":
+            return real.unsqueeze(2).expand(-1, -1, ids.size(1))
         if mistake == "both":
-            return pad.unsqueeze(2) & pad.unsqueeze(1) & causal
-        if mistake == "no_padding":
-            return causal.expand(ids.size(0), L, L)
-        if mistake == "no_causal":
-            return pad.unsqueeze(1).expand(-1, L, -1)
+            return real.unsqueeze(2) & real.unsqueeze(1)
         if mistake == "flat":
-            return pad
+            return real
+        if mistake == "causal":
+            L = ids.size(1)
+            return real.unsqueeze(1) & torch.ones(L, L, dtype=torch.bool).tril()
         if mistake == "4d":
-            return (pad.unsqueeze(1) & causal).unsqueeze(1)
-        return pad.unsqueeze(1) & causal
+            return real[:, None, None, :]
+        if mistake == "full":
+            return real.unsqueeze(1).expand(-1, ids.size(1), -1)
+        return real.unsqueeze(1)
 
-    return decoder_mask
+    return make_padding_mask
 
 
 def test_correct_mask_passes(capsys):
     assert check_attention_mask(make_mask_fn()) is True
-    assert "check_attention_mask: all 3 cases match" in capsys.readouterr().out
+    assert "check_attention_mask: all 5 cases match" in capsys.readouterr().out
 
 
-def test_reference_mask_passes():
-    from course_lib import decoder_self_attention_mask
+def test_full_key_padding_mask_passes():
+    """A (B, L, L) mask that hides the same pad keys for every query is equivalent."""
+    assert check_attention_mask(make_mask_fn("full")) is True
 
-    assert check_attention_mask(decoder_self_attention_mask) is True
+
+def test_reference_mask_passes(capsys):
+    from course_lib.masks import padding_mask
+
+    assert check_attention_mask(padding_mask) is True
+    assert "check_attention_mask: all 5 cases match" in capsys.readouterr().out
 
 
 def test_unimplemented_mask_prints_friendly_line(capsys):
-    def decoder_mask(ids, pad_id):
+    def make_padding_mask(ids, pad_id):
         raise NotImplementedError
 
-    assert check_attention_mask(decoder_mask) is None
-    assert "`decoder_mask` is not implemented yet" in capsys.readouterr().out
+    assert check_attention_mask(make_padding_mask) is None
+    assert "`make_padding_mask` is not implemented yet" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(
     "mistake, words",
     [
         ("wrong_dtype", r"Wrong dtype.*torch.float32, expected torch.bool.*True = may attend"),
-        ("inverted", "mask inverted: True where a key is hidden"),
-        ("upper", "upper triangle instead of lower"),
-        ("no_diag", "diagonal excluded: a token cannot see itself"),
-        ("queries", r"padding applied to the queries instead of the keys \(wrong axis\)"),
-        ("both", "padding applied to both queries and keys"),
-        ("pad0", r"pad_id ignored \(0 is hard-coded\)"),
-        ("no_padding", "padding missing: pad keys are visible"),
-        ("no_causal", "causal part missing"),
-        ("flat", r"Wrong shape.*is \(B, L\), one flag per token"),
-        ("4d", r"Wrong output shape: the mask has shape \(3, 1, 5, 5\), expected \(3, 5, 5\)"),
+        ("inverted", "mask inverted: True on the pads"),
+        ("queries", r"padding on the query axis instead of the keys: \(B, L, 1\).*unsqueeze\(1\)"),
+        ("queries_full", r"padding on the query axis instead of the keys"),
+        ("both", "padding on both axes: the pad queries become fully masked rows"),
+        ("pad0", r"pad_id=3.*pad_id ignored \(0 is hard-coded\)"),
+        ("flat", r"Wrong shape.*is \(B, L\), one flag per token.*unsqueeze\(1\)"),
+        ("causal", "causal part included"),
+        ("4d", r"Wrong output shape: the mask has shape \(3, 1, 1, 5\), expected \(3, 1, 5\)"),
     ],
 )
 def test_mask_mistakes_are_named(mistake, words):
@@ -211,10 +215,17 @@ def test_mask_mistakes_are_named(mistake, words):
         check_attention_mask(make_mask_fn(mistake))
 
 
-def test_unbroadcastable_padding_is_explained():
-    def decoder_mask(ids, pad_id):
-        causal = torch.ones(ids.size(1), ids.size(1), dtype=torch.bool).tril()
-        return (ids != pad_id) & causal  # (B, L) & (L, L): fails unless B == L
+def test_wrong_shape_that_does_not_broadcast_is_named():
+    def make_padding_mask(ids, pad_id):
+        return (ids != pad_id).unsqueeze(1)[..., :-1]  # one key short
+
+    with pytest.raises(AssertionError, match=r"Wrong output shape: the mask has shape \(3, 1, 4\), expected \(3, 1, 5\)"):
+        check_attention_mask(make_padding_mask)
+
+
+def test_crash_is_explained():
+    def make_padding_mask(ids, pad_id):
+        return ids.ne(pad_id).unsqueeze(1).view(-1, 7)
 
     with pytest.raises(AssertionError, match=r"raised RuntimeError.*unsqueeze\(1\)"):
-        check_attention_mask(decoder_mask)
+        check_attention_mask(make_padding_mask)

@@ -3,8 +3,8 @@
 * ``check_scaled_dot_product_attention(fn)``: ``fn(query, key, value, mask=None) -> (output, weights)``
   with query ``(..., L_q, d_k)``, key ``(..., L_k, d_k)``, value ``(..., L_k, d_v)`` and a boolean mask
   (True = may attend) broadcastable to ``(..., L_q, L_k)``.
-* ``check_attention_mask(fn)``: ``fn(ids (B, L), pad_id) -> bool (B, L, L)``, the decoder's
-  self-attention mask (padding AND causal).
+* ``check_attention_mask(fn)``: ``fn(ids (B, L), pad_id) -> bool (B, 1, L)``, the padding mask that
+  hides pad KEYS (True = may attend), like ``course_lib.masks.padding_mask``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from ..attention import scaled_dot_product_attention
-from ..masks import causal_mask, decoder_self_attention_mask, padding_mask
+from ..masks import causal_mask, padding_mask
 from ._common import CheckFailure, Mistake, checker, compare, expect_finite, expect_shape, passed, run_learner
 
 __all__ = ["check_scaled_dot_product_attention", "check_attention_mask"]
@@ -195,100 +195,119 @@ def check_scaled_dot_product_attention(fn: Callable[..., Any]) -> None:
 # check_attention_mask
 # ----------------------------------------------------------------------------------------------
 
+def _full(mask: torch.Tensor, B: int, L: int) -> torch.Tensor:
+    """A mask broadcast to the scores of self-attention, (B, L_q, L_k) = (B, L, L)."""
+    return mask.expand(B, L, L)
+
+
+def _broadcasts_to(mask: torch.Tensor, shape: tuple[int, int, int]) -> bool:
+    """True if ``mask`` is 3-D and broadcasts to ``shape`` without enlarging it."""
+    try:
+        return mask.dim() == 3 and torch.broadcast_shapes(mask.shape, shape) == shape
+    except RuntimeError:
+        return False
+
+
 def _mask_mistakes() -> list[Mistake]:
-    def tri(ids: torch.Tensor, diagonal: int, upper: bool) -> torch.Tensor:
-        ones = torch.ones(ids.size(1), ids.size(1), dtype=torch.bool)
-        return ones.triu(diagonal) if upper else ones.tril(diagonal)
+    def variant(build: Callable[[torch.Tensor, int], torch.Tensor]) -> Callable[[torch.Tensor, int], torch.Tensor]:
+        return lambda ids, pad: _full(build(ids, pad), *ids.shape)
 
     return [
         Mistake(
-            "mask inverted: True where a key is hidden",
-            "In course_lib True = may attend: True for real, past-or-present keys and False for pads and "
-            "future keys (nn.MultiheadAttention uses the opposite convention; ours is F.scaled_dot_product_attention's).",
-            lambda ids, pad: ~decoder_self_attention_mask(ids, pad),
+            "mask inverted: True on the pads",
+            "In course_lib True = may attend, so the mask is True for REAL tokens: ids != pad_id, not "
+            "ids == pad_id (nn.MultiheadAttention's key_padding_mask uses the opposite convention; ours is "
+            "F.scaled_dot_product_attention's).",
+            variant(lambda ids, pad: ~padding_mask(ids, pad)),
         ),
         Mistake(
-            "upper triangle instead of lower: every query sees the future",
-            "Query t may attend to keys 0..t, which is the LOWER triangle: torch.tril, not torch.triu.",
-            lambda ids, pad: padding_mask(ids, pad) & tri(ids, 0, upper=True),
+            "padding on the query axis instead of the keys: (B, L, 1)",
+            "Padding hides KEYS, the last axis of the scores (B, L_q, L_k): (ids != pad_id).unsqueeze(1) is "
+            "(B, 1, L) and hides the pad columns for every query; unsqueeze(2) or unsqueeze(-1) gives "
+            "(B, L, 1), which hides the pad query rows and lets every real query attend to the pads.",
+            variant(lambda ids, pad: (ids != pad).unsqueeze(2)),
         ),
         Mistake(
-            "upper triangle instead of lower: every query sees the future",
-            "Query t may attend to keys 0..t, which is the LOWER triangle: torch.tril, not torch.triu.",
-            lambda ids, pad: padding_mask(ids, pad) & tri(ids, 1, upper=True),
-        ),
-        Mistake(
-            "diagonal excluded: a token cannot see itself",
-            "Query t may attend to keys 0..t INCLUDING t: use torch.tril(...) with the default diagonal=0 "
-            "(with diagonal=-1 the first token sees nothing at all).",
-            lambda ids, pad: padding_mask(ids, pad) & tri(ids, -1, upper=False),
-        ),
-        Mistake(
-            "padding applied to the queries instead of the keys (wrong axis)",
-            "Padding hides KEYS, the last axis: (ids != pad_id).unsqueeze(1) is (B, 1, L) and broadcasts over "
-            "every query row; unsqueeze(2) or unsqueeze(-1) gives (B, L, 1), which hides query rows instead.",
-            lambda ids, pad: (ids != pad).unsqueeze(2) & tri(ids, 0, upper=False),
-        ),
-        Mistake(
-            "padding applied to both queries and keys",
-            "Only the keys need hiding: (ids != pad_id).unsqueeze(1) -> (B, 1, L). Hiding the pad query rows "
-            "as well makes them fully masked, and their outputs are never used anyway.",
-            lambda ids, pad: (ids != pad).unsqueeze(2) & decoder_self_attention_mask(ids, pad),
+            "padding on both axes: the pad queries become fully masked rows",
+            "Only the keys need hiding: return (ids != pad_id).unsqueeze(1), (B, 1, L). Hiding the pad query "
+            "rows as well leaves them no key at all (a fully masked row: NaN with -inf, section 8), and their "
+            "outputs are never used anyway.",
+            variant(lambda ids, pad: (ids != pad).unsqueeze(2) & padding_mask(ids, pad)),
         ),
         Mistake(
             "pad_id ignored (0 is hard-coded)",
-            "Compare with the pad_id argument, ids != pad_id; tokenizers use other pad ids than 0.",
-            lambda ids, pad: decoder_self_attention_mask(ids, 0),
+            "Compare with the pad_id argument, ids != pad_id: tokenizers use other pad ids than 0 (MiniLM's "
+            "[PAD] happens to be 0, but 0 can be a real token elsewhere).",
+            variant(lambda ids, pad: padding_mask(ids, 0)),
         ),
         Mistake(
-            "padding missing: pad keys are visible",
-            "Combine the causal mask with the padding mask: (ids != pad_id).unsqueeze(1) & causal.",
-            lambda ids, pad: causal_mask(ids.size(1)).expand(ids.size(0), -1, -1),
-        ),
-        Mistake(
-            "causal part missing: every query sees the future",
-            "Combine the padding mask with the causal mask torch.tril(torch.ones(L, L, dtype=torch.bool)).",
-            lambda ids, pad: padding_mask(ids, pad).expand(-1, ids.size(1), -1),
+            "causal part included: this exercise is the padding mask alone",
+            "Return only the padding part, (ids != pad_id).unsqueeze(1). The causal mask is a separate (L, L) "
+            "mask; lesson 05 combines the two into the decoder's mask.",
+            variant(lambda ids, pad: padding_mask(ids, pad) & causal_mask(ids.size(1))),
         ),
     ]
 
 
 def _mask_cases() -> list[tuple[str, torch.Tensor, int]]:
     return [
-        ("ids (B=3, L=5) with pad_id=0, the last row padded on the left",
-         torch.tensor([[4, 7, 2, 0, 0], [9, 3, 5, 8, 6], [0, 0, 2, 6, 1]]), 0),
+        ("ids (B=3, L=5) with pad_id=0, right padding",
+         torch.tensor([[4, 7, 2, 0, 0], [9, 3, 5, 8, 6], [6, 1, 0, 0, 0]]), 0),
+        ("ids (B=2, L=5) with pad_id=0, left padding",
+         torch.tensor([[0, 0, 2, 6, 1], [0, 5, 8, 3, 9]]), 0),
+        ("ids (B=2, L=4) without padding", torch.tensor([[11, 12, 13, 14], [21, 22, 23, 24]]), 0),
         ("ids (B=2, L=6) with pad_id=3 (0 is a real token here)",
-         torch.tensor([[5, 0, 8, 2, 3, 3], [0, 7, 3, 3, 3, 3]]), 3),
-        ("ids (B=1, L=4) without padding", torch.tensor([[11, 12, 13, 14]]), 0),
+         torch.tensor([[5, 0, 8, 2, 3, 3], [0, 7, 0, 3, 3, 3]]), 3),
+        ("ids (B=1, L=4) with pad_id=0, one sequence", torch.tensor([[7, 5, 9, 0]]), 0),
     ]
+
+
+_MASK_RAISED_FIX = "ids is a (B, L) tensor of token ids: return (ids != pad_id).unsqueeze(1), a (B, 1, L) bool tensor."
 
 
 @checker
 def check_attention_mask(fn: Callable[..., Any]) -> None:
-    """Check ``fn(ids (B, L), pad_id) -> bool (B, L, L)``: padding AND causal, True = may attend."""
+    """Check ``fn(ids (B, L), pad_id) -> bool (B, 1, L)``: True where the KEY is a real token.
+
+    A full ``(B, L, L)`` mask that hides the same pad keys for every query is accepted too. The mask is
+    compared with ``course_lib.masks.padding_mask`` after broadcasting to ``(B, L, L)``, and attention
+    run with it must equal attention run with course_lib's mask.
+    """
     cases = _mask_cases()
     mistakes = _mask_mistakes()
+    g = torch.Generator().manual_seed(0)
     for case, ids, pad in cases:
         B, L = ids.shape
-        got = run_learner(fn, ids.clone(), pad, case=case,
-                          hint="A padding mask (B, L) must become (B, 1, L) with .unsqueeze(1) before it can be "
-                          "combined (&) with the causal (L, L) mask.")
+        got = run_learner(fn, ids.clone(), pad, case=case, hint=_MASK_RAISED_FIX)
         if not isinstance(got, torch.Tensor):
             raise CheckFailure(f"Return a torch.Tensor of dtype torch.bool, got {type(got).__name__}.")
         if got.dtype != torch.bool:
             raise CheckFailure(
-                f"Wrong dtype ({case}): the mask has dtype {got.dtype}, expected torch.bool, where True = may "
-                "attend and False = hidden. Build it from comparisons (ids != pad_id) and "
-                "torch.ones(L, L, dtype=torch.bool).tril(), combined with &; or convert 0/1 with .bool()."
+                f"Wrong dtype ({case}): the mask has dtype {got.dtype}, expected torch.bool. In course_lib a "
+                "mask is boolean, True = may attend and False = hidden; attention hides where it is False "
+                "(masked_fill(~mask, ...)), and ~ on a float or int tensor does not mean \"not\". Build it "
+                "from a comparison, ids != pad_id, which is already bool (or convert 0/1 with .bool())."
             )
-        if tuple(got.shape) == (B, L):
+        if got.dim() == 2 and tuple(got.shape) == (B, L):
             raise CheckFailure(
-                f"Wrong shape ({case}): {tuple(got.shape)} is (B, L), one flag per token. Against scores "
-                "(B, L_q, L_k) it does not broadcast as you mean: the mask needs a query axis and a key axis. "
-                f"Return (B, L, L) = {(B, L, L)}: (ids != pad_id).unsqueeze(1) & causal."
+                f"Wrong shape ({case}): {tuple(got.shape)} is (B, L), one flag per token, and does not broadcast "
+                "against the scores (B, L_q, L_k) as you mean: its B axis lines up with L_q (an error, or every "
+                "sentence silently gets another sentence's mask). Add a query axis of size 1 with "
+                f".unsqueeze(1): (B, 1, L) = {(B, 1, L)}."
             )
-        expect_shape(got, (B, L, L), "the mask",
-                     "It must be (B, L_q, L_k): padding (B, 1, L) & causal (L, L) broadcasts to that.")
-        compare(got, decoder_self_attention_mask(ids, pad), (ids, pad), mistakes, case)
-    passed("check_attention_mask", len(cases))
+        if not _broadcasts_to(got, (B, L, L)):
+            expect_shape(got, (B, 1, L), "the mask",
+                         "Return (ids != pad_id).unsqueeze(1): one row per sequence, broadcast over every query "
+                         "(B, L_q, L_k); no head axis, the attention layer adds it.")
+        compare(_full(got, B, L), _full(padding_mask(ids, pad), B, L), (ids, pad), mistakes, case)
 
+        # Its effect: attention with the learner's mask equals attention with course_lib's.
+        x = torch.randn(B, L, 8, generator=g)
+        out, weights = scaled_dot_product_attention(x, x, x, got)
+        exp_out, exp_weights = scaled_dot_product_attention(x, x, x, padding_mask(ids, pad))
+        if not (torch.allclose(out, exp_out, atol=1e-6) and torch.allclose(weights, exp_weights, atol=1e-6)):
+            raise CheckFailure(
+                f"Attention with your mask differs from attention with course_lib's padding mask ({case}). "
+                "Every query must give zero weight to the pad keys and share its weight among the real ones."
+            )
+    passed("check_attention_mask", len(cases))

@@ -106,7 +106,8 @@ def check_decoder_masks(fn: Callable[[torch.Tensor, int], torch.Tensor]) -> None
     cases = _mask_cases()
     for case, ids, pad_id in cases:
         B, L = ids.shape
-        got = fn(ids.clone(), pad_id)
+        got = run_learner(fn, ids.clone(), pad_id, case=case,
+                          hint="Build the mask from (tgt != pad_id).unsqueeze(1) and a (L, L) tril, combined with &.")
         if not isinstance(got, torch.Tensor):
             raise CheckFailure(f"Wrong type ({case}): the mask should be a torch.Tensor, got {type(got).__name__}.")
         if got.dtype != torch.bool:

@@ -42,7 +42,7 @@ MASK_MESSAGES = {
     "upper triangle, strict": r"upper triangle: the future instead of the past",
     "diagonal excluded": r"diagonal excluded",
     "inverted": r"inverted mask",
-    "not bool": r"not bool dtype",
+    "not bool": r"Wrong dtype.*expected torch.bool",
     "query axis": r"padding applied on the query axis instead of the key axis",
     "pad zero": r"pad id hard-coded as 0",
     "wrong shape": r"Wrong mask shape",

@@ -17,6 +17,8 @@ import torch
 from torch import nn
 
 __all__ = [
+    "expect_bool_mask",
+    "broadcasts_to",
     "Mistake", "CheckFailure", "checker", "expect_shape", "expect_finite", "compare", "passed",
     "load_reference_weights", "run_learner",
 ]
@@ -112,6 +114,30 @@ def expect_shape(got: torch.Tensor, expected: Sequence[int], what: str, fix: str
         raise CheckFailure(
             f"Wrong output shape: {what} has shape {tuple(got.shape)}, expected {tuple(expected)}. {fix}".strip()
         )
+
+
+def expect_bool_mask(got: Any, case: str, hint: str) -> None:
+    """Fail unless the learner's mask is a ``torch.bool`` tensor (True = may attend)."""
+    if not isinstance(got, torch.Tensor):
+        raise CheckFailure(
+            f"Wrong type ({case}): the mask should be a torch.Tensor of dtype torch.bool, got {type(got).__name__}."
+        )
+    if got.dtype != torch.bool:
+        raise CheckFailure(
+            f"Wrong dtype ({case}): the mask has dtype {got.dtype}, expected torch.bool. Masks are boolean, "
+            "True = may attend and False = hidden; attention hides where it is False (masked_fill(~mask, ...)), "
+            f"and ~ on a float or int tensor does not mean \"not\". {hint}"
+        )
+
+
+def broadcasts_to(mask: torch.Tensor, shape: tuple[int, ...], same_rank: bool = True) -> bool:
+    """True if ``mask`` broadcasts to ``shape`` without enlarging it (and, if ``same_rank``, has as many axes)."""
+    if same_rank and mask.dim() != len(shape):
+        return False
+    try:
+        return torch.broadcast_shapes(mask.shape, shape) == torch.Size(shape)
+    except RuntimeError:
+        return False
 
 
 def expect_finite(got: torch.Tensor, what: str, fix: str) -> None:

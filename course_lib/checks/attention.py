@@ -17,7 +17,10 @@ import torch
 
 from ..attention import scaled_dot_product_attention
 from ..masks import causal_mask, padding_mask
-from ._common import CheckFailure, Mistake, checker, compare, expect_finite, expect_shape, passed, run_learner
+from ._common import (
+    CheckFailure, Mistake, broadcasts_to, checker, compare, expect_bool_mask, expect_finite, expect_shape, passed,
+    run_learner,
+)
 
 __all__ = ["check_scaled_dot_product_attention", "check_attention_mask"]
 
@@ -200,14 +203,6 @@ def _full(mask: torch.Tensor, B: int, L: int) -> torch.Tensor:
     return mask.expand(B, L, L)
 
 
-def _broadcasts_to(mask: torch.Tensor, shape: tuple[int, int, int]) -> bool:
-    """True if ``mask`` is 3-D and broadcasts to ``shape`` without enlarging it."""
-    try:
-        return mask.dim() == 3 and torch.broadcast_shapes(mask.shape, shape) == shape
-    except RuntimeError:
-        return False
-
-
 def _mask_mistakes() -> list[Mistake]:
     def variant(build: Callable[[torch.Tensor, int], torch.Tensor]) -> Callable[[torch.Tensor, int], torch.Tensor]:
         return lambda ids, pad: _full(build(ids, pad), *ids.shape)
@@ -279,15 +274,8 @@ def check_attention_mask(fn: Callable[..., Any]) -> None:
     for case, ids, pad in cases:
         B, L = ids.shape
         got = run_learner(fn, ids.clone(), pad, case=case, hint=_MASK_RAISED_FIX)
-        if not isinstance(got, torch.Tensor):
-            raise CheckFailure(f"Return a torch.Tensor of dtype torch.bool, got {type(got).__name__}.")
-        if got.dtype != torch.bool:
-            raise CheckFailure(
-                f"Wrong dtype ({case}): the mask has dtype {got.dtype}, expected torch.bool. In course_lib a "
-                "mask is boolean, True = may attend and False = hidden; attention hides where it is False "
-                "(masked_fill(~mask, ...)), and ~ on a float or int tensor does not mean \"not\". Build it "
-                "from a comparison, ids != pad_id, which is already bool (or convert 0/1 with .bool())."
-            )
+        expect_bool_mask(got, case, "Build it from a comparison, ids != pad_id, which is already bool "
+                                    "(or convert 0/1 with .bool()).")
         if got.dim() == 2 and tuple(got.shape) == (B, L):
             raise CheckFailure(
                 f"Wrong shape ({case}): {tuple(got.shape)} is (B, L), one flag per token, and does not broadcast "
@@ -295,7 +283,7 @@ def check_attention_mask(fn: Callable[..., Any]) -> None:
                 "sentence silently gets another sentence's mask). Add a query axis of size 1 with "
                 f".unsqueeze(1): (B, 1, L) = {(B, 1, L)}."
             )
-        if not _broadcasts_to(got, (B, L, L)):
+        if not broadcasts_to(got, (B, L, L)):
             expect_shape(got, (B, 1, L), "the mask",
                          "Return (ids != pad_id).unsqueeze(1): one row per sequence, broadcast over every query "
                          "(B, L_q, L_k); no head axis, the attention layer adds it.")

@@ -9,7 +9,10 @@ from torch import nn
 
 from ..layers import DecoderLayer
 from ..masks import decoder_self_attention_mask, padding_mask
-from ._common import CheckFailure, Mistake, checker, compare, expect_shape, load_reference_weights, passed, run_learner
+from ._common import (
+    CheckFailure, Mistake, broadcasts_to, checker, compare, expect_bool_mask, expect_shape, load_reference_weights,
+    passed, run_learner,
+)
 
 __all__ = ["check_decoder_masks", "check_decoder_layer"]
 
@@ -108,18 +111,9 @@ def check_decoder_masks(fn: Callable[[torch.Tensor, int], torch.Tensor]) -> None
         B, L = ids.shape
         got = run_learner(fn, ids.clone(), pad_id, case=case,
                           hint="Build the mask from (tgt != pad_id).unsqueeze(1) and a (L, L) tril, combined with &.")
-        if not isinstance(got, torch.Tensor):
-            raise CheckFailure(f"Wrong type ({case}): the mask should be a torch.Tensor, got {type(got).__name__}.")
-        if got.dtype != torch.bool:
-            raise CheckFailure(
-                f"Mask is not bool dtype ({case}): got {got.dtype}. Masks are boolean (True = may attend); "
-                "build them with comparisons and `&`, or `torch.ones(L, L, dtype=torch.bool).tril()`."
-            )
-        try:
-            ok = torch.broadcast_shapes(got.shape, (B, L, L)) == torch.Size((B, L, L))
-        except RuntimeError:
-            ok = False
-        if not ok:
+        expect_bool_mask(got, case, "Build it with comparisons and `&`, or "
+                                    "`torch.ones(L, L, dtype=torch.bool).tril()`.")
+        if not broadcasts_to(got, (B, L, L), same_rank=False):  # an (L, L) causal-only mask is named below
             raise CheckFailure(
                 f"Wrong mask shape ({case}): {tuple(got.shape)} does not broadcast to (B, L, L) = {(B, L, L)}. "
                 "Combine a (B, 1, L) padding mask with an (L, L) causal mask."

@@ -13,8 +13,9 @@ STAMP  := $(VENV)/.stamp-setup
 # The exact test command (README and .ci/run use `make test`).
 PYTEST_ARGS := tests --nbval notebooks --nbval-current-env \
                --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=600 -p no:cacheprovider
+SOLUTIONS_ARGS := tests/notebooks_with_solutions.py -p no:cacheprovider
 
-.PHONY: setup lab test test-lib test-notebooks benchmark images execute clean
+.PHONY: setup lab test test-solutions test-lib test-notebooks benchmark images execute clean
 
 setup: $(STAMP)
 
@@ -33,6 +34,11 @@ lab: setup
 
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(SOLUTIONS_ARGS)
+
+# The second run: every notebook with its exercise stubs replaced by the solutions; every checker passes.
+test-solutions: setup
+	$(PY) -m pytest $(SOLUTIONS_ARGS)
 
 test-lib: setup
 	$(PY) -m pytest tests

@@ -16,6 +16,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 __all__ = [
+    "DIVERGING_CMAP",
     "plot_attention",
     "plot_attention_heads",
     "plot_mask",
@@ -24,6 +25,11 @@ __all__ = [
     "plot_head_view_static",
     "plot_model_view_static",
 ]
+
+
+# One diverging colour map for signed values across the whole course, always with a colorbar:
+# negative = blue, 0 = white, positive = red. (Attention weights, which are >= 0, use "viridis".)
+DIVERGING_CMAP = "RdBu_r"
 
 
 def _np(x: torch.Tensor | np.ndarray) -> np.ndarray:
@@ -128,7 +134,7 @@ def plot_positional_encoding(pe: torch.Tensor, title: str = "Sinusoidal position
     """Heatmap of ``pe (max_len, d_model)``: rows = positions, columns = dimensions."""
     p = _np(pe)
     ax = _new_ax(ax, (9, 4.5))
-    im = ax.imshow(p, cmap="RdBu", vmin=-1, vmax=1, aspect="auto")
+    im = ax.imshow(p, cmap=DIVERGING_CMAP, vmin=-1, vmax=1, aspect="auto")
     ax.set_xlabel("embedding dimension (even = sin, odd = cos)")
     ax.set_ylabel("position")
     ax.set_title(title)

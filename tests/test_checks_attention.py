@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
+from _helpers import passes
 import torch
 
 from course_lib.checks import check_attention_mask, check_scaled_dot_product_attention
@@ -43,14 +44,14 @@ def make_attention(
 
 
 def test_correct_attention_passes(capsys):
-    assert check_scaled_dot_product_attention(make_attention()) is True
+    assert passes(check_scaled_dot_product_attention, make_attention())
     assert "all 5 cases match" in capsys.readouterr().out
 
 
 def test_reference_itself_passes():
     from course_lib import scaled_dot_product_attention
 
-    assert check_scaled_dot_product_attention(scaled_dot_product_attention) is True
+    assert passes(check_scaled_dot_product_attention, scaled_dot_product_attention)
 
 
 def test_attention_with_nan_to_num_passes():
@@ -63,7 +64,7 @@ def test_attention_with_nan_to_num_passes():
         weights = torch.nan_to_num(scores.softmax(-1), nan=0.0)
         return weights @ value, weights
 
-    assert check_scaled_dot_product_attention(attention) is True
+    assert passes(check_scaled_dot_product_attention, attention)
 
 
 def test_unimplemented_attention_prints_friendly_line(capsys):
@@ -172,19 +173,19 @@ def make_mask_fn(mistake: str = ""):
 
 
 def test_correct_mask_passes(capsys):
-    assert check_attention_mask(make_mask_fn()) is True
+    assert passes(check_attention_mask, make_mask_fn())
     assert "check_attention_mask: all 5 cases match" in capsys.readouterr().out
 
 
 def test_full_key_padding_mask_passes():
     """A (B, L, L) mask that hides the same pad keys for every query is equivalent."""
-    assert check_attention_mask(make_mask_fn("full")) is True
+    assert passes(check_attention_mask, make_mask_fn("full"))
 
 
 def test_reference_mask_passes(capsys):
     from course_lib.masks import padding_mask
 
-    assert check_attention_mask(padding_mask) is True
+    assert passes(check_attention_mask, padding_mask)
     assert "check_attention_mask: all 5 cases match" in capsys.readouterr().out
 
 

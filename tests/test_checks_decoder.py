@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from _helpers import passes
 import torch
 from torch import nn
 
@@ -55,14 +56,14 @@ def test_good_mask_matches_course_lib():
 
 
 def test_check_decoder_masks_passes_correct(capsys):
-    assert check_decoder_masks(good_mask) is True
+    assert passes(check_decoder_masks, good_mask)
     assert "check_decoder_masks: all 5 cases match" in capsys.readouterr().out
 
 
 def test_check_decoder_masks_passes_course_lib_and_plain_causal_shape():
-    assert check_decoder_masks(decoder_self_attention_mask) is True
+    assert passes(check_decoder_masks, decoder_self_attention_mask)
     # (B, 1, L) & (L, L) built in another order, still right
-    assert check_decoder_masks(lambda t, p: causal_mask(t.size(1)) & padding_mask(t, p)) is True
+    assert passes(check_decoder_masks, lambda t, p: causal_mask(t.size(1)) & padding_mask(t, p))
 
 
 @pytest.mark.parametrize("name", sorted(MASK_MISTAKES))
@@ -164,9 +165,9 @@ class IndependentDecoderLayer(nn.Module):
 
 
 def test_check_decoder_layer_passes_correct(capsys):
-    assert check_decoder_layer(IndependentDecoderLayer) is True
+    assert passes(check_decoder_layer, IndependentDecoderLayer)
     assert "check_decoder_layer: all 3 cases match" in capsys.readouterr().out
-    assert check_decoder_layer(layer_with(None)) is True
+    assert passes(check_decoder_layer, layer_with(None))
 
 
 @pytest.mark.parametrize("mistake", sorted(LAYER_MESSAGES))

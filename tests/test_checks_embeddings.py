@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 import pytest
+from _helpers import passes
 import torch
 from torch import nn
 
@@ -49,13 +50,13 @@ def vectorized_pe(max_len, d_model):
 
 
 def test_pe_correct_loop_and_vectorized_pass(capsys):
-    assert check_positional_encoding(make_pe()) is True
+    assert passes(check_positional_encoding, make_pe())
     assert "check_positional_encoding: all 7 cases match" in capsys.readouterr().out
-    assert check_positional_encoding(vectorized_pe) is True
+    assert passes(check_positional_encoding, vectorized_pe)
 
 
 def test_pe_float64_output_accepted():
-    assert check_positional_encoding(lambda n, d: make_pe()(n, d).double()) is True
+    assert passes(check_positional_encoding, lambda n, d: make_pe()(n, d).double())
 
 
 @pytest.mark.parametrize(
@@ -137,7 +138,7 @@ def token_class(factor):
 
 
 def test_token_embedding_correct_passes(capsys):
-    assert check_token_embedding(token_class(lambda v, d: math.sqrt(d))) is True
+    assert passes(check_token_embedding, token_class(lambda v, d: math.sqrt(d)))
     assert "check_token_embedding: all 4 cases match" in capsys.readouterr().out
 
 
@@ -221,7 +222,7 @@ def bert_layer(variant="right"):
 
 
 def test_embedding_layer_correct_passes(capsys):
-    assert check_embedding_layer(bert_layer()) is True
+    assert passes(check_embedding_layer, bert_layer())
     assert "check_embedding_layer: all 6 cases match" in capsys.readouterr().out
 
 

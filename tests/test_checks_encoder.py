@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from _helpers import passes
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -41,12 +42,12 @@ def ff_variant(variant):
 
 
 def test_feed_forward_correct_passes(capsys):
-    assert check_feed_forward(ff_variant("good")) is True
+    assert passes(check_feed_forward, ff_variant("good"))
     assert "check_feed_forward: all 3 cases match" in capsys.readouterr().out
 
 
 def test_feed_forward_course_lib_passes():
-    assert check_feed_forward(FeedForward) is True
+    assert passes(check_feed_forward, FeedForward)
 
 
 @pytest.mark.parametrize(
@@ -96,12 +97,12 @@ def layer_norm_fn(x, weight, bias, eps=1e-5):
 
 
 def test_layer_norm_function_passes(capsys):
-    assert check_layer_norm(layer_norm_fn) is True
+    assert passes(check_layer_norm, layer_norm_fn)
     assert "check_layer_norm: all 4 cases match" in capsys.readouterr().out
 
 
 def test_layer_norm_nn_layernorm_class_passes():
-    assert check_layer_norm(nn.LayerNorm) is True
+    assert passes(check_layer_norm, nn.LayerNorm)
 
 
 def test_layer_norm_own_class_passes():
@@ -115,7 +116,7 @@ def test_layer_norm_own_class_passes():
         def forward(self, x):
             return layer_norm_fn(x, self.weight, self.bias, self.eps)
 
-    assert check_layer_norm(LN) is True
+    assert passes(check_layer_norm, LN)
 
 
 def _unbiased(x, weight, bias, eps=1e-5):
@@ -251,12 +252,12 @@ def layer_variant(name):
 
 
 def test_encoder_layer_correct_passes(capsys):
-    assert check_encoder_layer(layer_variant("good")) is True
+    assert passes(check_encoder_layer, layer_variant("good"))
     assert "check_encoder_layer: all 3 cases match" in capsys.readouterr().out
 
 
 def test_encoder_layer_course_lib_passes():
-    assert check_encoder_layer(EncoderLayer) is True
+    assert passes(check_encoder_layer, EncoderLayer)
 
 
 @pytest.mark.parametrize(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
+from _helpers import passes
 import torch
 from torch import nn
 
@@ -43,7 +44,7 @@ def split_todo(x, num_heads):
 
 
 def test_split_heads_correct_passes(capsys):
-    assert check_split_heads(split_ok) is True
+    assert passes(check_split_heads, split_ok)
     assert "check_split_heads: all 5 cases match" in capsys.readouterr().out
 
 
@@ -104,7 +105,7 @@ def merge_todo(x):
 
 @pytest.mark.parametrize("fn", [merge_ok, merge_contiguous_view])
 def test_merge_heads_correct_passes(fn, capsys):
-    assert check_merge_heads(fn) is True
+    assert passes(check_merge_heads, fn)
     assert "check_merge_heads: all 4 cases match" in capsys.readouterr().out
 
 
@@ -214,14 +215,14 @@ class TodoMHA(nn.Module):
 
 
 def test_multi_head_attention_correct_passes(capsys):
-    assert check_multi_head_attention(LearnerMHA) is True
+    assert passes(check_multi_head_attention, LearnerMHA)
     assert "check_multi_head_attention: all 6 cases match" in capsys.readouterr().out
 
 
 def test_course_lib_multi_head_attention_passes(capsys):
     from course_lib import MultiHeadAttention
 
-    assert check_multi_head_attention(MultiHeadAttention) is True  # forward may also take return_attention
+    assert passes(check_multi_head_attention, MultiHeadAttention)  # forward may also take return_attention
     assert "Well done" in capsys.readouterr().out
 
 

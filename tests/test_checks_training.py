@@ -8,6 +8,7 @@ the checker builds, so these tests show that the checker recognises real code.
 from __future__ import annotations
 
 import pytest
+from _helpers import passes
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -50,14 +51,14 @@ def make_loss(divisor=lambda V: V - 2, zero_pad_class=True, ignore_pad=True, mea
 
 
 def test_label_smoothing_correct_function_passes(capsys):
-    assert check_label_smoothing(make_loss()) is True
+    assert passes(check_label_smoothing, make_loss())
     assert "check_label_smoothing: all 4 cases match" in capsys.readouterr().out
 
 
 def test_label_smoothing_accepts_the_reference_class(capsys):
     from course_lib.training import LabelSmoothingLoss
 
-    assert check_label_smoothing(LabelSmoothingLoss) is True
+    assert passes(check_label_smoothing, LabelSmoothingLoss)
     assert "Well done" in capsys.readouterr().out
 
 
@@ -71,7 +72,7 @@ def test_label_smoothing_accepts_a_learner_class(capsys):
         def forward(self, logits, labels):
             return self.fn(logits, labels, self.pad_id, self.smoothing)
 
-    assert check_label_smoothing(MyLoss) is True
+    assert passes(check_label_smoothing, MyLoss)
 
 
 @pytest.mark.parametrize(
@@ -164,18 +165,18 @@ def make_decode(feed_prefix=True, keep_start=False, steps_delta=0, pick="last", 
 
 
 def test_greedy_correct_passes(capsys):
-    assert check_greedy_decode(make_decode()) is True
+    assert passes(check_greedy_decode, make_decode())
     assert "check_greedy_decode: all 3 cases match" in capsys.readouterr().out
 
 
 def test_greedy_reencoding_the_source_each_step_is_fine():
-    assert check_greedy_decode(make_decode(reencode=True)) is True
+    assert passes(check_greedy_decode, make_decode(reencode=True))
 
 
 def test_greedy_reference_passes():
     from course_lib.decoding import greedy_decode
 
-    assert check_greedy_decode(lambda m, s, n, st: greedy_decode(m, s, max_len=n, start_id=st)) is True
+    assert passes(check_greedy_decode, lambda m, s, n, st: greedy_decode(m, s, max_len=n, start_id=st))
 
 
 @pytest.mark.parametrize(
@@ -220,7 +221,7 @@ def test_shift_correct_passes(capsys):
     def shift(tgt, sos_id):
         return torch.cat([sos_column(tgt, sos_id), tgt[:, :-1]], dim=1), tgt
 
-    assert check_shift(shift) is True
+    assert passes(check_shift, shift)
     assert "check_shift: all 3 cases match" in capsys.readouterr().out
 
 

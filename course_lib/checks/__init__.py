@@ -8,10 +8,11 @@ One module per lesson: attention (01), multi_head (02), embeddings (03), encoder
 decoder (05), training (06).
 """
 
-from ._common import CheckFailure
+from ._common import CheckFailure, has_passed, yours_or_reference
 from .attention import *  # noqa: F403
 from .decoder import *  # noqa: F403
 from .embeddings import *  # noqa: F403
 from .encoder import *  # noqa: F403
 from .multi_head import *  # noqa: F403
 from .training import *  # noqa: F403
+from ..solutions import show_solution

@@ -20,7 +20,7 @@ __all__ = [
     "expect_bool_mask",
     "broadcasts_to",
     "Mistake", "CheckFailure", "checker", "expect_shape", "expect_finite", "compare", "passed",
-    "load_reference_weights", "run_learner",
+    "load_reference_weights", "run_learner", "has_passed", "yours_or_reference", "RESULTS",
 ]
 
 ATOL = 1e-5
@@ -39,24 +39,71 @@ class Mistake:
     compute: Callable[..., Any]
 
 
-def checker(func: Callable[..., None]) -> Callable[..., bool | None]:
-    """Decorator: an unimplemented exercise prints one friendly line instead of a traceback.
+@dataclass
+class CheckResult:
+    """One checker call: which checker, whose code (its name), and the outcome."""
 
-    The wrapped checker returns True on success and None when the exercise is not done yet; a wrong
-    answer raises ``CheckFailure`` (an ``AssertionError``).
+    checker: str
+    candidate: str
+    outcome: str  # "passed", "not implemented" or "failed"
+
+
+# Every checker call of this Python session, in order (the solution test run reads it).
+RESULTS: list[CheckResult] = []
+# The objects (functions, classes, predictions) that passed their checker, by id.
+_PASSED: dict[int, Any] = {}
+
+
+def _name_of(candidate: Any) -> str:
+    return getattr(candidate, "__name__", type(candidate).__name__)
+
+
+def checker(func: Callable[..., None]) -> Callable[..., None]:
+    """Decorator for every checker: one line on success, a reminder for a stub, an error otherwise.
+
+    The wrapped checker returns None in every case, so a notebook shows nothing but its one printed
+    line. A wrong answer raises ``CheckFailure`` (an ``AssertionError``) naming the likely mistake; an
+    unfinished exercise (it raises ``NotImplementedError``) prints a reminder and does not stop Run All.
+    Whether an object passed is recorded: ``has_passed(obj)`` and ``yours_or_reference`` read it.
     """
 
     @functools.wraps(func)
-    def wrapper(candidate: Any, *args: Any, **kwargs: Any) -> bool | None:
+    def wrapper(candidate: Any, *args: Any, **kwargs: Any) -> None:
+        name = _name_of(candidate)
         try:
             func(candidate, *args, **kwargs)
         except NotImplementedError:
-            name = getattr(candidate, "__name__", type(candidate).__name__)
-            print(f"{func.__name__}: `{name}` is not implemented yet. Fill in the TODO and run this cell again.")
+            RESULTS.append(CheckResult(func.__name__, name, "not implemented"))
+            print(f"{func.__name__}: `{name}` is not implemented yet. "
+                  "Fill in the TODO and run this cell again.")
             return None
-        return True
+        except BaseException:
+            RESULTS.append(CheckResult(func.__name__, name, "failed"))
+            _PASSED.pop(id(candidate), None)
+            raise
+        RESULTS.append(CheckResult(func.__name__, name, "passed"))
+        _PASSED[id(candidate)] = candidate
+        return None
 
     return wrapper
+
+
+def has_passed(candidate: Any) -> bool:
+    """True if this very object (not an older or newer definition of the name) passed its checker."""
+    return _PASSED.get(id(candidate)) is candidate
+
+
+def yours_or_reference(yours: Any, reference: Any, name: str | None = None) -> Any:
+    """Return the learner's ``yours`` if it passed its checker, else course_lib's ``reference``; say which.
+
+    ``name`` is what to call the reference in the message (default: its ``__name__``).
+    """
+    if has_passed(yours):
+        print(f"using your `{_name_of(yours)}`")
+        return yours
+    ref_name = name or _name_of(reference)
+    print(f"using course_lib's `{ref_name}`: yours (`{_name_of(yours)}`) has not passed its checker yet")
+    return reference
 
 
 def run_learner(fn: Callable[..., Any], *args: Any, case: str = "", hint: str = "", **kwargs: Any) -> Any:

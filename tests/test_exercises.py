@@ -1,0 +1,102 @@
+"""How exercises are laid out in the notebooks (issue: solve, don't copy; solutions out of sight).
+
+- Each stub cell (metadata ``"exercise": "NN.name"``) raises ``NotImplementedError`` and has a
+  solution block in ``course_lib/solutions/lessonNN.py``; every solution block belongs to one stub.
+- No notebook cell contains solution code: no cell tagged "solution", and no later cell redefines a
+  name the stub defines (Run All leaves the learner's code as written).
+- Each exercise has its commented ``# show_solution("NN.name")`` line, a difficulty mark (★) in the
+  markdown above it, and lessons 01 on have at least three exercises, among them a "Predict" and a
+  "Debug" exercise.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from course_lib.solutions import show_solution, solution_keys, solution_source
+
+NOTEBOOK_DIR = Path(__file__).resolve().parent.parent / "notebooks"
+NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb"))
+LESSONS = [p for p in NOTEBOOKS if not p.name.startswith("00_")]
+DEFINES = re.compile(r"^(?:def|class)\s+(\w+)|^(\w+)\s*=(?!=)", re.M)
+
+
+def exercise_cells(nb):
+    return [(i, c) for i, c in enumerate(nb.cells) if c.get("metadata", {}).get("exercise")]
+
+
+def defined_names(source: str) -> set[str]:
+    return {a or b for a, b in DEFINES.findall(source)}
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_stubs_raise_and_have_solutions(path):
+    nb = nbformat.read(path, as_version=4)
+    lesson = path.name[:2]
+    keys = []
+    for _, cell in exercise_cells(nb):
+        key = cell.metadata["exercise"]
+        keys.append(key)
+        assert cell.cell_type == "code", f"{key}: the stub must be a code cell"
+        assert key.startswith(f"{lesson}."), f"{key} stands in {path.name}"
+        assert "NotImplementedError" in cell.source, f"{key}: the stub must raise NotImplementedError"
+        solution = solution_source(key)
+        missing = defined_names(cell.source) - defined_names(solution)
+        assert not missing, f"{key}: the solution does not define {missing}, which the stub defines"
+    assert sorted(keys) == solution_keys(lesson), (
+        f"{path.name}: stubs {sorted(keys)} but solutions {solution_keys(lesson)}")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_no_solution_code_in_the_notebook(path):
+    nb = nbformat.read(path, as_version=4)
+    for i, cell in enumerate(nb.cells):
+        tags = cell.get("metadata", {}).get("tags", [])
+        assert "solution" not in tags, f"{path.name}, cell {i}: a solution cell"
+    for i, stub in exercise_cells(nb):
+        names = defined_names(stub.source)
+        for j, cell in enumerate(nb.cells):
+            if j != i and cell.cell_type == "code":
+                again = names & defined_names(cell.source)
+                assert not again, (f"{path.name}: cell {j} redefines {sorted(again)} from the stub of "
+                                   f"{stub.metadata['exercise']}, overwriting the learner's code")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_each_exercise_is_marked_and_offers_its_solution(path):
+    nb = nbformat.read(path, as_version=4)
+    code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    for i, stub in exercise_cells(nb):
+        key = stub.metadata["exercise"]
+        assert f'# show_solution("{key}")' in code, f"{key}: no commented show_solution line"
+        above = next(c.source for c in reversed(nb.cells[:i]) if c.cell_type == "markdown")
+        assert "★" in above, f"{key}: the markdown cell above the stub has no difficulty mark (★)"
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.stem)
+def test_lessons_mix_kinds_of_exercise(path):
+    nb = nbformat.read(path, as_version=4)
+    cells = exercise_cells(nb)
+    assert len(cells) >= 3, f"{path.name}: {len(cells)} exercises, at least 3 expected"
+    headings = "\n".join(next(c.source for c in reversed(nb.cells[:i]) if c.cell_type == "markdown")
+                         for i, _ in cells)
+    for kind in ("Predict", "Debug"):
+        assert kind in headings, f"{path.name}: no {kind!r} exercise"
+
+
+@pytest.mark.parametrize("lesson", sorted({k[:2] for k in solution_keys()}))
+def test_solution_files_import(lesson):
+    importlib.import_module(f"course_lib.solutions.lesson{lesson}")
+
+
+def test_show_solution_displays_without_defining(capsys):
+    key = solution_keys()[0]
+    show_solution(key)
+    assert capsys.readouterr().out.strip().endswith(solution_source(key).strip())
+    with pytest.raises(KeyError, match="no solution named"):
+        solution_source("99.nothing")

@@ -5,6 +5,12 @@
   (True = may attend) broadcastable to ``(..., L_q, L_k)``.
 * ``check_attention_mask(fn)``: ``fn(ids (B, L), pad_id) -> bool (B, 1, L)``, the padding mask that
   hides pad KEYS (True = may attend), like ``course_lib.masks.padding_mask``.
+* ``check_top_key_prediction(fn, query, key, tokens, query_token)`` (predict): ``fn()`` returns the
+  token (or its position) whose key gets the largest score from ``query_token``'s query.
+* ``check_nan_rows_prediction(fn, ids, pad_id)`` (predict): ``fn()`` returns the ``(sentence,
+  position)`` pairs whose output rows are NaN when ``-inf`` hides padding on both axes.
+* ``check_fixed_attention(fn)`` (debug): attention that no longer adds an axis to the mask inside
+  the function, so masks of every rank that broadcast to ``(..., L_q, L_k)`` work.
 """
 
 from __future__ import annotations
@@ -22,7 +28,10 @@ from ._common import (
     run_learner,
 )
 
-__all__ = ["check_scaled_dot_product_attention", "check_attention_mask"]
+__all__ = [
+    "check_scaled_dot_product_attention", "check_attention_mask",
+    "check_top_key_prediction", "check_nan_rows_prediction", "check_fixed_attention",
+]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -299,3 +308,224 @@ def check_attention_mask(fn: Callable[..., Any]) -> None:
                 "Every query must give zero weight to the pad keys and share its weight among the real ones."
             )
     passed("check_attention_mask", len(cases))
+
+
+# ----------------------------------------------------------------------------------------------
+# check_top_key_prediction (predict, then run)
+# ----------------------------------------------------------------------------------------------
+
+def _token_positions(answer: Any, tokens: list[str], what: str) -> tuple[list[int], str]:
+    """The positions a predicted token (a string) or position (an int) stands for, and how to name it."""
+    if isinstance(answer, torch.Tensor) and answer.numel() == 1 and not answer.is_floating_point():
+        answer = int(answer.item())
+    if isinstance(answer, bool) or not isinstance(answer, (str, int)):
+        raise CheckFailure(f"Return one token as a string (e.g. \"cat\") or its position as an int "
+                           f"(e.g. 2); {what} returned {answer!r}.")
+    if isinstance(answer, int):
+        if not 0 <= answer < len(tokens):
+            raise CheckFailure(f"Position {answer} is outside the sentence: positions run from 0 to "
+                               f"{len(tokens) - 1} ({tokens}).")
+        return [answer], f"position {answer} ({tokens[answer]!r})"
+    word = answer.strip()
+    positions = [p for p, t in enumerate(tokens) if t == word]
+    positions = positions or [p for p, t in enumerate(tokens) if t.lower() == word.lower()]
+    if not positions:
+        raise CheckFailure(f"{answer!r} is not a token of the sentence; the tokens are {tokens}.")
+    return positions, repr(tokens[positions[0]])
+
+
+@checker
+def check_top_key_prediction(
+    fn: Callable[[], Any], query: torch.Tensor, key: torch.Tensor, tokens: list[str], query_token: str
+) -> None:
+    """Predict: which key gets the largest raw score ``q . k`` from the query of ``query_token``?
+
+    ``query``, ``key``: ``(L, d)``; ``tokens``: the ``L`` token strings. ``fn()`` returns a token
+    (string) or a position (int). The truth is computed here, from the scores themselves.
+    """
+    tokens = list(tokens)
+    if query_token not in tokens:
+        raise ValueError(f"check_top_key_prediction: {query_token!r} is not among the tokens {tokens}")
+    i = tokens.index(query_token)
+    scores = (query[i] @ key.transpose(-2, -1)).detach().float()  # (L,): one score per key
+    best = int(scores.argmax())
+    answer = run_learner(fn, case="your prediction",
+                         hint="predicted_top_key() takes no argument and returns a token, e.g. \"cat\".")
+    positions, said = _token_positions(answer, tokens, fn.__name__ if hasattr(fn, "__name__") else "it")
+    runner = max((p for p in range(len(tokens)) if tokens[p] != tokens[best]), key=lambda p: scores[p])
+    own = torch.equal(query, key) and best == i
+    why_own = (
+        f"With Q = K = x, the query of {query_token!r} meets its own vector as a key: q . k = |x|^2, a "
+        f"sum of d = {query.size(-1)} squares (about d, and always positive), while an unrelated random "
+        f"key gives a sum of d products with mean 0 (standard deviation about sqrt(d) = "
+        f"{math.sqrt(query.size(-1)):.0f})."
+    )
+    if best in positions:
+        print(f"check_top_key_prediction: right, {tokens[best]!r} (score {scores[best]:.1f}; next best "
+              f"{tokens[runner]!r}, {scores[runner]:.1f}). " + (why_own if own else ""))
+        return
+    got = positions[0]
+    message = (f"Not {said}: its score is {scores[got]:.1f}, while {tokens[best]!r} gets "
+               f"{scores[best]:.1f}, the largest of the row. ")
+    if own:
+        message += why_own + (" Random embeddings know nothing about meaning: which word "
+                              f"{query_token!r} refers to is learned in training (section 12).")
+    raise CheckFailure(message.strip())
+
+
+# ----------------------------------------------------------------------------------------------
+# check_nan_rows_prediction (predict, then run)
+# ----------------------------------------------------------------------------------------------
+
+def _nan_rows(ids: torch.Tensor, pad_id: int) -> set[tuple[int, int]]:
+    """Rows whose output is NaN when ``-inf`` hides padding on BOTH axes (computed, not assumed)."""
+    real = ids != pad_id  # (B, L)
+    mask = real.unsqueeze(2) & real.unsqueeze(1)  # (B, L, L): pad queries AND pad keys hidden
+    x = torch.randn(*ids.shape, 8, generator=torch.Generator().manual_seed(0))
+    scores = (x @ x.transpose(-2, -1) / math.sqrt(8)).masked_fill(~mask, float("-inf"))
+    out = scores.softmax(dim=-1) @ x  # (B, L, 8)
+    return {(b, t) for b, t in out.isnan().any(dim=-1).nonzero().tolist()}
+
+
+def _as_pairs(answer: Any, shape: tuple[int, int]) -> set[tuple[int, int]]:
+    fix = ("Return a list of (sentence, position) pairs, e.g. [(0, 3), (1, 11)], or [] if you expect "
+           "no NaN row")
+    if isinstance(answer, torch.Tensor):
+        if answer.dtype == torch.bool and tuple(answer.shape) == shape:
+            return {(b, t) for b, t in answer.nonzero().tolist()}
+        raise CheckFailure(f"{fix} (or a bool tensor of shape {shape}); got a {answer.dtype} tensor of "
+                           f"shape {tuple(answer.shape)}.")
+    try:
+        pairs = {(int(b), int(t)) for b, t in answer}
+    except (TypeError, ValueError):
+        raise CheckFailure(f"{fix}; got {answer!r}. Each pair names a sentence (0 or 1) and a query "
+                           "position in it.") from None
+    outside = sorted(p for p in pairs if not (0 <= p[0] < shape[0] and 0 <= p[1] < shape[1]))
+    if outside:
+        raise CheckFailure(f"{outside} lie outside the batch: sentences 0..{shape[0] - 1}, positions "
+                           f"0..{shape[1] - 1}.")
+    return pairs
+
+
+def _pairs_text(pairs: set[tuple[int, int]]) -> str:
+    return ", ".join(str(p) for p in sorted(pairs)) or "none"
+
+
+@checker
+def check_nan_rows_prediction(fn: Callable[[], Any], ids: torch.Tensor, pad_id: int) -> None:
+    """Predict: which output rows are NaN when ``-inf`` hides padding on the query AND the key axis?
+
+    ``ids``: the token ids ``(B, L)`` of the padded batch. ``fn()`` returns ``(sentence, position)``
+    pairs (or a bool ``(B, L)`` tensor). The truth is computed here by running the ``-inf`` recipe.
+    """
+    truth = _nan_rows(ids, pad_id)
+    answer = run_learner(fn, case="your prediction",
+                         hint="predicted_nan_rows() takes no argument and returns a list of pairs.")
+    got = _as_pairs(answer, tuple(ids.shape))
+    why = ("with padding hidden on the query axis too, a pad query's whole row of the mask is False, "
+           "every one of its scores is -inf, and softmax(-inf, ..., -inf) = 0 / 0 = NaN")
+    if got == truth:
+        print(f"check_nan_rows_prediction: right, {len(truth)} rows: {_pairs_text(truth)}. These are "
+              f"the pad queries: {why}. Every other row sees a real key and stays finite.")
+        return
+    parts = [f"The NaN rows are {_pairs_text(truth)}; you predicted {_pairs_text(got)}."]
+    if not got:
+        parts.append(f"-inf is harmless only while a row keeps one visible key: {why}.")
+    missing, extra = truth - got, got - truth
+    if got and missing:
+        parts.append(f"You missed {_pairs_text(missing)}: pad queries as well; {why}.")
+    if extra:
+        unpadded = sorted({b for b, _ in extra} - {b for b, _ in truth})
+        parts.append(
+            f"Rows {_pairs_text(extra)} see at least one real key, so their softmax is finite. A NaN "
+            "does not spread from row to row in the forward pass: each output row is computed from its "
+            "own row of weights (it does spread backwards, through the gradients: next cell)."
+        )
+        if unpadded:
+            parts.append(f"Sentence(s) {unpadded} have no padding, so no row of theirs is hidden.")
+    raise CheckFailure(" ".join(parts))
+
+
+# ----------------------------------------------------------------------------------------------
+# check_fixed_attention (debug: the mask that gains an axis inside the function)
+# ----------------------------------------------------------------------------------------------
+
+_FIXED_RAISED_FIX = (
+    "Does the mask still gain an axis inside the function (mask.unsqueeze(1))? A mask that already "
+    "broadcasts to the scores (..., L_q, L_k) must be used as it comes: masked_fill(~mask, ...)."
+)
+
+
+def _fixed_cases() -> list[tuple[str, tuple[torch.Tensor, ...], torch.Tensor | None]]:
+    g = torch.Generator().manual_seed(1)
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=g)
+
+    ids = torch.tensor([[5, 8, 3, 9, 0, 0], [7, 2, 9, 4, 6, 1]])
+    pad = padding_mask(ids, 0)  # (B, 1, L)
+    decoder = pad & causal_mask(6)  # (B, L, L)
+    empty = torch.ones(2, 4, 6, dtype=torch.bool)
+    empty[0, 2] = False  # query 2 of sentence 0 may attend to no key
+    return [
+        ("3-D inputs (B, L, d) with a decoder mask (B, L, L)",
+         (randn(2, 6, 8), randn(2, 6, 8), randn(2, 6, 8)), decoder),
+        ("3-D inputs with a padding mask (B, 1, L_k), L_q=4, L_k=6",
+         (randn(2, 4, 8), randn(2, 6, 8), randn(2, 6, 5)), pad),
+        ("3-D inputs with a causal mask (L, L)",
+         (randn(2, 6, 8), randn(2, 6, 8), randn(2, 6, 8)), causal_mask(6)),
+        ("4-D inputs (B, heads, L, d) with a mask (B, 1, L, L), as MultiHeadAttention passes it",
+         (randn(2, 3, 6, 8), randn(2, 3, 6, 8), randn(2, 3, 6, 8)), decoder.unsqueeze(1)),
+        ("4-D inputs with a padding mask (B, 1, 1, L_k)",
+         (randn(2, 3, 4, 8), randn(2, 3, 6, 8), randn(2, 3, 6, 5)), pad.unsqueeze(1)),
+        ("4-D inputs, no mask", (randn(2, 3, 4, 8), randn(2, 3, 6, 8), randn(2, 3, 6, 5)), None),
+        ("3-D inputs with a fully masked row (B, L_q, L_k)",
+         (randn(2, 4, 8), randn(2, 6, 8), randn(2, 6, 5)), empty),
+    ]
+
+
+def _extra_axis_message(case: str, got: torch.Tensor, expected: torch.Size,
+                        scores_shape: tuple[int, ...], mask: torch.Tensor | None) -> str:
+    message = (f"Wrong output shape ({case}): {tuple(got.shape)}, expected {tuple(expected)}: one axis "
+               "too many, and no error. ")
+    if mask is not None:
+        grown = tuple(mask.unsqueeze(1).shape)
+        try:
+            wide = tuple(torch.broadcast_shapes(grown, scores_shape))
+        except RuntimeError:
+            wide = None
+        if wide is not None:
+            message += (f"The mask {tuple(mask.shape)} still gains an axis inside the function, "
+                        f"{grown}, and broadcasting it against the scores {scores_shape} gives "
+                        f"{wide}: every sentence is paired with every other sentence's mask. ")
+    return message + ("The caller's mask already broadcasts to the scores (..., L_q, L_k): use it "
+                      "as it comes, without unsqueeze.")
+
+
+@checker
+def check_fixed_attention(fn: Callable[..., Any]) -> None:
+    """Debug: ``fn(query, key, value, mask=None) -> (output, weights)`` must accept every mask that
+    broadcasts to ``(..., L_q, L_k)`` (ranks 2, 3 and 4) with 3-D and 4-D inputs, as course_lib does.
+    """
+    cases = _fixed_cases()
+    mistakes = _sdpa_mistakes()
+    for case, (q, k, v), mask in cases:
+        got = run_learner(fn, q.clone(), k.clone(), v.clone(),
+                          mask=None if mask is None else mask.clone(), case=case, hint=_FIXED_RAISED_FIX)
+        if isinstance(got, torch.Tensor) or not isinstance(got, (tuple, list)) or len(got) != 2:
+            raise CheckFailure("Return (output, weights), a tuple of two tensors, as the original "
+                               "function did.")
+        out, weights = got
+        exp_out, exp_weights = scaled_dot_product_attention(q, k, v, mask)
+        for name, t, exp in (("output", out, exp_out), ("weights", weights, exp_weights)):
+            if isinstance(t, torch.Tensor) and t.dim() > exp.dim():
+                raise CheckFailure(_extra_axis_message(case, t, exp.shape, tuple(exp_weights.shape),
+                                                       mask))
+            expect_shape(t, exp.shape, name, "Change only the line with the bug.")
+        if mask is not None and not bool(mask.any(-1).all()):
+            expect_finite(out, f"The output ({case})", _NAN_FIX)
+            expect_finite(weights, f"The weights ({case})", _NAN_FIX)
+        compare((out, weights), (exp_out, exp_weights), (q, k, v, mask), mistakes, case)
+    print(f"check_fixed_attention: fixed, all {len(cases)} cases match course_lib's reference: 3-D and "
+          "4-D inputs with masks (L, L), (B, 1, L_k), (B, L, L), (B, 1, L, L), (B, 1, 1, L_k) and none. "
+          "A mask arrives shaped to broadcast; giving it a head axis is the caller's job.")

@@ -3,13 +3,67 @@
 from __future__ import annotations
 
 import math
+import re
 
+import numpy as np
 import pytest
 from _helpers import passes
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from course_lib.checks import check_merge_heads, check_multi_head_attention, check_split_heads
+from course_lib.checks import (
+    check_merge_heads, check_multi_head_attention, check_parameter_count_prediction, check_split_heads,
+    reference_merge_heads, reference_split_heads, yours_or_reference,
+)
+from course_lib.solutions import lesson02
+
+# --------------------------------------------------------------------------- predicted parameter count
+
+LINEAR = 512 * 512 + 512
+
+
+def predict_ok():
+    return (4 * LINEAR, 4 * LINEAR)
+
+
+def predict_ok_list_of_numpy_ints():
+    return [np.int64(4 * LINEAR), 4.0 * LINEAR]
+
+
+def predict_todo():
+    raise NotImplementedError
+
+
+@pytest.mark.parametrize("fn", [predict_ok, predict_ok_list_of_numpy_ints, lesson02.predicted_parameter_counts])
+def test_parameter_count_prediction_right_passes(fn, capsys):
+    assert passes(check_parameter_count_prediction, fn)
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 and "right, 1,050,624 parameters" in out and "does not change" in out
+
+
+@pytest.mark.parametrize(
+    "answer, words",
+    [
+        ((4 * 512 * 512,) * 2, r"left out the biases"),
+        ((3 * LINEAR,) * 2, r"left out the output projection"),
+        ((3 * 512 * 512,) * 2, r"left out the biases and the output projection"),
+        ((8 * 3 * LINEAR + LINEAR, 4 * LINEAR), r"full-width 512 x 512 projections.*head_dim = 512 // 8 = 64"),
+        ((8 * 4 * LINEAR, 4 * LINEAR), r"whole 512 x 512 attention layer per head"),
+        ((3 * (512 * 64 + 64) + LINEAR, 4 * LINEAR), r"projections of one head only"),
+        ((4 * LINEAR, 4 * LINEAR + 1), r"with 1 head you predicted.*number of heads does not change the count"),
+        ((4 * LINEAR,), r"Return two numbers"),
+        ((1.5, 2), r"whole number"),
+    ],
+)
+def test_parameter_count_prediction_names_mistake(answer, words):
+    with pytest.raises(AssertionError, match=words):
+        check_parameter_count_prediction(lambda: answer)
+
+
+def test_parameter_count_prediction_unimplemented_is_friendly(capsys):
+    assert check_parameter_count_prediction(predict_todo) is None
+    assert "`predict_todo` is not implemented yet" in capsys.readouterr().out
 
 # --------------------------------------------------------------------------- split_heads
 
@@ -17,6 +71,20 @@ from course_lib.checks import check_merge_heads, check_multi_head_attention, che
 def split_ok(x, num_heads):
     B, L, d_model = x.shape
     return x.view(B, L, num_heads, d_model // num_heads).transpose(1, 2)
+
+
+def split_reshape_permute(x, num_heads):
+    B, L, d_model = x.shape
+    return x.reshape(B, L, num_heads, -1).permute(0, 2, 1, 3)
+
+
+def split_unflatten(x, num_heads):
+    return x.unflatten(-1, (num_heads, -1)).transpose(-3, -2)
+
+
+def split_stacked_slices(x, num_heads):
+    hd = x.size(-1) // num_heads
+    return torch.stack([x[..., i * hd:(i + 1) * hd] for i in range(num_heads)], dim=1)
 
 
 def split_no_transpose(x, num_heads):
@@ -43,8 +111,11 @@ def split_todo(x, num_heads):
     raise NotImplementedError
 
 
-def test_split_heads_correct_passes(capsys):
-    assert passes(check_split_heads, split_ok)
+@pytest.mark.parametrize(
+    "fn", [split_ok, split_reshape_permute, split_unflatten, split_stacked_slices, lesson02.split_heads,
+           reference_split_heads])
+def test_split_heads_correct_passes(fn, capsys):
+    assert passes(check_split_heads, fn)
     assert "check_split_heads: all 5 cases match" in capsys.readouterr().out
 
 
@@ -80,6 +151,19 @@ def merge_contiguous_view(x):
     return x.transpose(1, 2).contiguous().view(B, L, h * hd)
 
 
+def merge_permute_flatten(x):
+    return x.permute(0, 2, 1, 3).flatten(2)
+
+
+def merge_cat_heads(x):
+    return torch.cat(x.unbind(1), dim=-1)  # Concat(head_1, ..., head_h), as in the paper
+
+
+def merge_contiguous_view_no_transpose(x):  # the Debug exercise's bug
+    B, h, L, hd = x.shape
+    return x.contiguous().view(B, L, h * hd)
+
+
 def merge_no_transpose(x):
     B, h, L, hd = x.shape
     return x.reshape(B, L, h * hd)
@@ -103,7 +187,8 @@ def merge_todo(x):
     raise NotImplementedError
 
 
-@pytest.mark.parametrize("fn", [merge_ok, merge_contiguous_view])
+@pytest.mark.parametrize("fn", [merge_ok, merge_contiguous_view, merge_permute_flatten, merge_cat_heads,
+                                lesson02.merge_heads, reference_merge_heads])
 def test_merge_heads_correct_passes(fn, capsys):
     assert passes(check_merge_heads, fn)
     assert "check_merge_heads: all 4 cases match" in capsys.readouterr().out
@@ -113,7 +198,8 @@ def test_merge_heads_correct_passes(fn, capsys):
     "fn, words",
     [
         (merge_no_transpose, r"merged in the wrong order"),
-        (merge_view_after_transpose, r"`\.view` after `\.transpose`.*not contiguous"),
+        (merge_contiguous_view_no_transpose, r"merged in the wrong order.*silent"),
+        (merge_view_after_transpose, r"`\.view` after `\.transpose`.*never copies.*\.reshape"),
         (merge_not_reshaped, r"transposed but not reshaped"),
         (merge_wrong_shape, r"Wrong output shape"),
     ],
@@ -214,9 +300,70 @@ class TodoMHA(nn.Module):
         raise NotImplementedError
 
 
-def test_multi_head_attention_correct_passes(capsys):
-    assert passes(check_multi_head_attention, LearnerMHA)
-    assert "check_multi_head_attention: all 6 cases match" in capsys.readouterr().out
+class EinsumAnnotatedMHA(LearnerMHA):
+    """einsum, and the Annotated Transformer's mask handling: always `mask.unsqueeze(1)` (3-D masks only)."""
+
+    def forward(self, query, key, value, mask=None):
+        B, L_q, _ = query.shape
+        q, k, v = self._split(self.q_proj(query)), self._split(self.k_proj(key)), self._split(self.v_proj(value))
+        scores = torch.einsum("bhqd,bhkd->bhqk", q, k) / math.sqrt(self.head_dim)
+        if mask is not None:
+            scores = scores.masked_fill(mask.unsqueeze(1) == 0, -1e9)
+        heads = torch.einsum("bhqk,bhkd->bhqd", scores.softmax(-1), v)
+        return self.out_proj(heads.transpose(1, 2).reshape(B, L_q, self.d_model))
+
+
+class FusedSdpaMHA(LearnerMHA):
+    """PyTorch's fused attention; the mask goes straight to it, so it must already be 4-D (or (L, L))."""
+
+    def forward(self, query, key, value, mask=None):
+        B, L_q, _ = query.shape
+        q, k, v = self._split(self.q_proj(query)), self._split(self.k_proj(key)), self._split(self.v_proj(value))
+        heads = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return self.out_proj(heads.transpose(1, 2).reshape(B, L_q, self.d_model)), None  # (out, weights)
+
+
+class MinusInfMHA(LearnerMHA):
+    """Right on everything asked; -inf in the scores gives NaN when a sequence is all padding."""
+
+    def forward(self, query, key, value, mask=None):
+        B, L_q, _ = query.shape
+        q, k, v = self._split(self.q_proj(query)), self._split(self.k_proj(key)), self._split(self.v_proj(value))
+        scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)
+        if mask is not None:
+            scores = scores.masked_fill(~(mask.unsqueeze(-3) if mask.dim() < 4 else mask), float("-inf"))
+        heads = scores.softmax(-1) @ v
+        return self.out_proj(heads.transpose(1, 2).reshape(B, L_q, self.d_model))
+
+
+@pytest.mark.parametrize("cls", [FusedSdpaMHA, lesson02.SlicedMultiHeadAttention])
+def test_multi_head_attention_correct_passes(cls, capsys):
+    assert passes(check_multi_head_attention, cls)
+    out = capsys.readouterr().out
+    assert out == "check_multi_head_attention: all 6 cases match course_lib's reference. Well done!\n"
+
+
+@pytest.mark.parametrize(
+    "cls, words",
+    [(MinusInfMHA, r"your output holds NaN"), (LearnerMHA, r"your output holds NaN"),
+     (EinsumAnnotatedMHA, r"zero weights.*finite number")],
+)
+def test_multi_head_attention_failing_only_on_an_unasked_input_passes_and_names_it(cls, words, capsys):
+    assert passes(check_multi_head_attention, cls)
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 and "all 6 cases match course_lib's reference. Well done!" in out
+    assert "Not asked by the exercise" in out and "a sequence that is all padding" in out
+    assert re.search(words, out)
+
+
+def test_yours_or_reference_picks_the_learner_split_once_it_passed(capsys):
+    def my_split(x, num_heads):
+        return x.unflatten(-1, (num_heads, -1)).transpose(1, 2)
+
+    assert yours_or_reference(my_split, reference_split_heads, "split_heads") is reference_split_heads
+    assert "using course_lib's `split_heads`" in capsys.readouterr().out
+    check_split_heads(my_split)
+    assert yours_or_reference(my_split, reference_split_heads) is my_split
 
 
 def test_course_lib_multi_head_attention_passes(capsys):
@@ -235,7 +382,8 @@ def test_course_lib_multi_head_attention_passes(capsys):
         (variant("SplitStraightMergeOk", split="straight"), r"heads split without the transpose"),
         (variant("SplitNoTranspose", split="no_transpose", merge="straight"), r"heads split without the transpose"),
         (variant("MergeStraight", merge="straight"), r"heads merged in the wrong order"),
-        (variant("MaskIgnored", use_mask=False), r"\(self-attention with a padding mask.*mask ignored"),
+        (variant("MaskIgnored", use_mask=False),
+         r"\(self-attention with a padding mask, mask \(B, 1, L_k\)\): mask ignored.*also tried as"),
         (variant("MaskInverted", invert_mask=True), r"mask inverted"),
         (variant("NoScaling", scale="none"), r"no scaling of the scores"),
         (variant("ScaledByDModel", scale="d_model"), r"scaled by sqrt\(d_model\) instead of sqrt\(head_dim\)"),

@@ -5,12 +5,20 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 from _helpers import passes
 import torch
 from torch import nn
 
-from course_lib.checks import check_embedding_layer, check_positional_encoding, check_token_embedding
+from course_lib.checks import (
+    check_embedding_layer,
+    check_fixed_positional_encoding,
+    check_pe_dot_prediction,
+    check_positional_encoding,
+    check_token_embedding,
+    check_token_norm_prediction,
+)
 
 
 # ----------------------------------------------------------------------------- positional encoding
@@ -64,7 +72,7 @@ def test_pe_float64_output_accepted():
     [
         (make_pe(lambda t, d: 2 * t / d, lambda t, d: 2 * t / d), r"off by a factor of 2 \(the `2\*i` bug"),
         (make_pe(cos_pair_exp=lambda t, d: (t + 2) / d), r"cosine uses the next pair's frequency \(the `i\+1` bug\)"),
-        (make_pe(lambda t, d: 2 * t / d, lambda t, d: 2 * (t + 1) / d), r"both seed bugs at once"),
+        (make_pe(lambda t, d: 2 * t / d, lambda t, d: 2 * (t + 1) / d), r"both bugs of a popular blog post's loop at once"),
         (make_pe(cos_pair_exp=lambda t, d: (t + 1) / d), r"its own index j in the exponent"),
         (make_pe(lambda t, d: t / (2 * d), lambda t, d: t / (2 * d)), r"exponent halved"),
         (make_pe(swap=True), r"sin and cos swapped"),
@@ -82,8 +90,8 @@ def test_pe_named_mistakes(fn, words):
         check_positional_encoding(fn)
 
 
-def test_pe_seed_003_style_loop_is_the_seed_001_matrix():
-    # over all columns j, exponent 2*j/d, sine on even and cosine on odd columns (seed 003's loop)
+def test_pe_per_column_loop_is_the_blog_post_matrix():
+    # over all columns j, exponent 2*j/d, sine on even and cosine on odd columns (a second blog post's loop)
     def per_column(max_len, d_model):
         pe = torch.zeros(max_len, d_model)
         for pos in range(max_len):
@@ -92,7 +100,7 @@ def test_pe_seed_003_style_loop_is_the_seed_001_matrix():
                 pe[pos, j] = math.sin(angle) if j % 2 == 0 else math.cos(angle)
         return pe
 
-    with pytest.raises(AssertionError, match="both seed bugs at once"):
+    with pytest.raises(AssertionError, match="both bugs of a popular blog post's loop at once"):
         check_positional_encoding(per_column)
 
 
@@ -121,6 +129,137 @@ def test_pe_not_implemented_prints_friendly_line(capsys):
     assert check_positional_encoding(positional_encoding) is None
     out = capsys.readouterr().out
     assert "`positional_encoding` is not implemented yet" in out
+
+
+# ----------------------------------------------------------------------------- debug: the blog post's loop
+def blog_loop(double=True, next_cos=True):
+    """The blog post's loop (i steps by 2), with each of its two bugs switchable."""
+    def pe_fn(max_len, d_model):
+        pe = torch.zeros(max_len, d_model, dtype=torch.float64)
+        for pos in range(max_len):
+            for i in range(0, d_model, 2):
+                f = 2 if double else 1
+                pe[pos, i] = math.sin(pos / 10000 ** (f * i / d_model))
+                j = i + 1 if next_cos else i
+                pe[pos, i + 1] = math.cos(pos / 10000 ** (f * j / d_model))
+        return pe.float()
+
+    return pe_fn
+
+
+def test_fixed_loop_alternatives_pass(capsys):
+    assert passes(check_fixed_positional_encoding, blog_loop(double=False, next_cos=False))
+    out = capsys.readouterr().out
+    assert "check_fixed_positional_encoding: all 5 cases match the paper's formula. Both bugs fixed" in out
+    assert out.count("\n") == 1
+    assert passes(check_fixed_positional_encoding, vectorized_pe)
+    assert passes(check_fixed_positional_encoding, lambda n, d: make_pe()(n, d).double())
+
+
+def test_fixed_loop_even_only_is_enough():
+    # the loop of the exercise crashes for an odd d_model; the checker never asks for one
+    def no_odd(max_len, d_model):
+        assert d_model % 2 == 0, "odd d_model"
+        return blog_loop(double=False, next_cos=False)(max_len, d_model)
+
+    assert passes(check_fixed_positional_encoding, no_odd)
+
+
+@pytest.mark.parametrize(
+    "fn, words",
+    [
+        (blog_loop(), r"both bugs of a popular blog post's loop at once"),
+        (blog_loop(double=True, next_cos=False), r"off by a factor of 2 \(the `2\*i` bug"),
+        (blog_loop(double=False, next_cos=True), r"its own index j in the exponent"),
+        (make_pe(cos_pair_exp=lambda t, d: (t + 2) / d), r"the `i\+1` bug"),
+        (lambda n, d: make_pe()(n, d)[:, :-1], r"Wrong output shape"),
+    ],
+)
+def test_fixed_loop_named_mistakes(fn, words):
+    with pytest.raises(AssertionError, match=words):
+        check_fixed_positional_encoding(fn)
+
+
+def test_fixed_loop_not_implemented(capsys):
+    def fixed_positional_encoding(max_len, d_model):
+        raise NotImplementedError
+
+    assert check_fixed_positional_encoding(fixed_positional_encoding) is None
+    assert "`fixed_positional_encoding` is not implemented yet" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------- predict, then run
+@pytest.mark.parametrize("answer", [512, 512.0, 480.0, torch.tensor(550.0), np.float64(511.8)])
+def test_token_norm_prediction_right(answer, capsys):
+    assert passes(check_token_norm_prediction, lambda: answer)
+    out = capsys.readouterr().out
+    assert out.startswith("check_token_norm_prediction: right, about 512.") and out.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    "answer, words",
+    [
+        (22.6, r"the norm BEFORE the sqrt\(d_model\) factor"),
+        (1.0, r"the paper's small initialisation"),
+        (16, r"the norm of a positional-encoding vector"),
+        (11585.0, r"times d_model; the factor is sqrt\(d_model\)"),
+        (262144, r"SQUARED norm"),
+        (300.0, r"Your prediction 300 is off\. Each of the 512 entries"),
+        ("512", r"should be one number"),
+        (float("nan"), r"return a finite number"),
+        (torch.ones(2), r"should be one number"),
+    ],
+)
+def test_token_norm_prediction_wrong(answer, words):
+    with pytest.raises(AssertionError, match=words):
+        check_token_norm_prediction(lambda: answer)
+
+
+@pytest.mark.parametrize("answer", [0, 0.0, -0.0005, torch.tensor(0.0), np.float32(0.0)])
+def test_pe_dot_prediction_right(answer, capsys):
+    assert passes(check_pe_dot_prediction, lambda: answer)
+    out = capsys.readouterr().out
+    assert out.startswith("check_pe_dot_prediction: right, 0.") and out.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    "answer, words",
+    [
+        (23.26, r"ONE of the two dot products"),
+        (-23.26, r"ONE of the two dot products"),
+        (5.0, r"Your prediction 5 is off\. Per pair"),
+        (True, r"should be one number"),
+    ],
+)
+def test_pe_dot_prediction_wrong(answer, words):
+    with pytest.raises(AssertionError, match=words):
+        check_pe_dot_prediction(lambda: answer)
+
+
+def test_predictions_not_implemented(capsys):
+    def predicted_token_norm():
+        raise NotImplementedError
+
+    def predicted_dot_difference():
+        raise NotImplementedError
+
+    assert check_token_norm_prediction(predicted_token_norm) is None
+    assert check_pe_dot_prediction(predicted_dot_difference) is None
+    out = capsys.readouterr().out
+    assert "`predicted_token_norm` is not implemented yet" in out
+    assert "`predicted_dot_difference` is not implemented yet" in out
+
+
+def test_lesson03_solutions_pass(capsys):
+    from course_lib.solutions import lesson03 as sol
+
+    check_token_norm_prediction(sol.predicted_token_norm)
+    check_positional_encoding(sol.positional_encoding)
+    check_pe_dot_prediction(sol.predicted_dot_difference)
+    check_embedding_layer(sol.BertStyleEmbedding)
+    check_fixed_positional_encoding(sol.fixed_positional_encoding)
+    out = capsys.readouterr().out
+    assert out.count("\n") == 5 and "not implemented" not in out
 
 
 # ----------------------------------------------------------------------------- token embedding

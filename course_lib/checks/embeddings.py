@@ -3,6 +3,10 @@
 - ``check_positional_encoding(fn)``: ``fn(max_len, d_model) -> (max_len, d_model)``, the paper's sinusoids.
 - ``check_token_embedding(cls)``: ``cls(vocab_size, d_model)`` with an ``nn.Embedding`` named
   ``embedding``; ``forward(ids (B, L)) -> (B, L, d_model)`` scaled by ``sqrt(d_model)``.
+- ``check_pe_dot_prediction(fn)``, ``check_token_norm_prediction(fn)``: "predict, then run" questions;
+  ``fn()`` returns a number, the checker computes the truth itself and explains it.
+- ``check_fixed_positional_encoding(fn)``: the debug exercise, a blog post's loop with the `2*i` and
+  `i+1` bugs fixed; ``fn(max_len, d_model)`` for even ``d_model`` must equal the paper's sinusoids.
 - ``check_embedding_layer(cls)``: a BERT-style layer ``cls(vocab_size, d_model, max_len, dropout)`` with
   ``token``, ``position`` (both ``nn.Embedding``), ``norm`` (``nn.LayerNorm``) and ``dropout``;
   ``forward(ids) = dropout(norm(token(ids) + position(0..L-1)))``, no ``sqrt(d_model)`` scaling.
@@ -12,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import numbers
 
 import torch
 import torch.nn.functional as F
@@ -22,7 +27,10 @@ from ._common import (
     CheckFailure, Mistake, checker, compare, expect_finite, expect_shape, load_reference_weights, passed, run_learner,
 )
 
-__all__ = ["check_positional_encoding", "check_token_embedding", "check_embedding_layer"]
+__all__ = [
+    "check_positional_encoding", "check_token_embedding", "check_embedding_layer",
+    "check_token_norm_prediction", "check_pe_dot_prediction", "check_fixed_positional_encoding",
+]
 
 
 # --------------------------------------------------------------------------- positional encoding
@@ -64,7 +72,8 @@ def _pe_mistakes() -> list[Mistake]:
             lambda n, d: _pe_from(n, d, lambda j: _pair(j) / d, lambda j: (_pair(j) + 2) / d),
         ),
         Mistake(
-            "both seed bugs at once: exponent doubled (`2*i`) and the cosine on the next frequency (`i+1`)",
+            "both bugs of a popular blog post's loop at once: exponent doubled (`2*i`) and the cosine "
+            "on the next frequency (`2*(i+1)`)",
             "With `for i in range(0, d_model, 2)` the exponent is `i / d_model` for BOTH "
             "`pe[pos, i] = sin(...)` and `pe[pos, i + 1] = cos(...)`; do not write 2*i, and do not use i+1 "
             "inside the cosine.",
@@ -139,6 +148,101 @@ def check_positional_encoding(fn) -> None:
                              lambda n, d: sinusoidal_positional_encoding(n, d).T)
         compare(got.float(), expected, (max_len, d_model), [*mistakes, transposed], case, atol=1e-4)
     passed("check_positional_encoding", len(_PE_CASES))
+
+
+# --------------------------------------------------------------------------- debug: the blog post's loop
+_DEBUG_CASES = [(16, 8), (50, 64), (30, 16), (10, 128), (1, 4)]
+
+
+@checker
+def check_fixed_positional_encoding(fn) -> None:
+    """The debug exercise: ``fn(max_len, d_model)`` (even ``d_model``) must equal the paper's sinusoids.
+
+    Only even widths are tested: the loop of the exercise writes column ``i + 1`` and was never asked
+    to handle an odd ``d_model``.
+    """
+    mistakes = _pe_mistakes()
+    for max_len, d_model in _DEBUG_CASES:
+        case = f"max_len={max_len}, d_model={d_model}"
+        got = run_learner(fn, max_len, d_model, case=case)
+        expect_shape(got, (max_len, d_model), f"fn({max_len}, {d_model})",
+                     "The loop should fill a (max_len, d_model) table: keep `torch.zeros(max_len, d_model)`.")
+        expect_finite(got, f"fn({max_len}, {d_model})", "Check for a division by zero or a huge power.")
+        compare(got.float(), sinusoidal_positional_encoding(max_len, d_model), (max_len, d_model),
+                mistakes, case, atol=1e-4)
+    print(f"check_fixed_positional_encoding: all {len(_DEBUG_CASES)} cases match the paper's formula. "
+          "Both bugs fixed: `i` already steps by 2 (it IS the paper's 2i), so the exponent is "
+          "`i / d_model`, and the cosine in column i + 1 uses the same frequency as the sine in column i.")
+
+
+# --------------------------------------------------------------------------- predict, then run
+def _prediction(fn, example: str) -> float:
+    """Run the learner's ``fn()`` and return its prediction as a float (or fail saying what to return)."""
+    got = run_learner(fn, case="your prediction")
+    if isinstance(got, torch.Tensor) and got.numel() == 1:
+        got = got.item()
+    if isinstance(got, bool) or not isinstance(got, numbers.Real):
+        raise CheckFailure(f"Your prediction should be one number, e.g. `return {example}`, "
+                           f"got {type(got).__name__}: {got!r}.")
+    if not math.isfinite(float(got)):
+        raise CheckFailure(f"Your prediction is {got}; return a finite number, e.g. `return {example}`.")
+    return float(got)
+
+
+def _near(value: float, target: float, rel: float = 0.1) -> bool:
+    return abs(value - target) <= rel * abs(target)
+
+
+@checker
+def check_token_norm_prediction(fn) -> None:
+    """Predict: the typical norm of an ``nn.Embedding(10_000, 512)`` row (default init) times sqrt(512).
+
+    Accepted within 10% of the measured mean norm (about 512).
+    """
+    d_model = 512
+    gen = torch.Generator().manual_seed(3)
+    table = torch.randn(10_000, d_model, generator=gen)  # nn.Embedding's default init: N(0, 1)
+    truth = (table.norm(dim=-1) * math.sqrt(d_model)).mean().item()
+    pe_norm = math.sqrt(d_model / 2)
+    guess = _prediction(fn, "100.0")
+    why = (f"Each of the {d_model} entries is N(0, 1), so |row|^2 is about {d_model} and |row| about "
+           f"sqrt({d_model}) = {math.sqrt(d_model):.1f}; times sqrt({d_model}) that is about {d_model} "
+           f"(measured: {truth:.1f}).")
+    if _near(guess, truth):
+        print(f"check_token_norm_prediction: right, about {truth:.0f}. {why} That is "
+              f"{truth / pe_norm:.0f} times the norm {pe_norm:.0f} of a PE vector: the word drowns the position.")
+        return
+    confusions = [
+        (math.sqrt(d_model), "that is the norm BEFORE the sqrt(d_model) factor"),
+        (1.0, "that is the norm with the paper's small initialisation N(0, 1/d_model), not nn.Embedding's "
+              "default N(0, 1)"),
+        (pe_norm, "that is the norm of a positional-encoding vector, sqrt(d_model / 2)"),
+        (float(d_model) ** 1.5, "that is |row| times d_model; the factor is sqrt(d_model)"),
+        (float(d_model) ** 2, "the SQUARED norm of the scaled vector; the norm is its square root"),
+    ]
+    for value, what in confusions:
+        if _near(guess, value):
+            raise CheckFailure(f"Your prediction {guess:g} is off: {what}. {why}")
+    raise CheckFailure(f"Your prediction {guess:g} is off. {why}")
+
+
+@checker
+def check_pe_dot_prediction(fn) -> None:
+    """Predict: ``PE[40] . PE[47] - PE[5] . PE[12]`` for ``d_model = 64`` (the answer is 0)."""
+    pe = sinusoidal_positional_encoding(100, 64).double()
+    truth = (pe[40] @ pe[47] - pe[5] @ pe[12]).item()  # 0 up to float32 rounding of the table
+    near = (pe[5] @ pe[12]).item()
+    guess = _prediction(fn, "1.5")
+    why = ("Per pair, sin(wp) sin(wq) + cos(wp) cos(wq) = cos(w (p - q)), so PE[p] . PE[q] = "
+           "sum_i cos(w_i (p - q)) depends only on the distance p - q. Both dot products have distance 7 "
+           f"(each is {near:.2f}), so the difference is 0 (measured: {truth:.1e}, float32 rounding).")
+    if abs(guess - truth) <= 1e-3:
+        print(f"check_pe_dot_prediction: right, 0. {why}")
+        return
+    if abs(guess - near) <= 0.05 * abs(near) or abs(guess + near) <= 0.05 * abs(near):
+        raise CheckFailure(f"Your prediction {guess:g} is the size of ONE of the two dot products, not their "
+                           f"difference. {why}")
+    raise CheckFailure(f"Your prediction {guess:g} is off. {why}")
 
 
 # --------------------------------------------------------------------------- token embedding

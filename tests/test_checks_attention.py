@@ -1,4 +1,4 @@
-"""Lesson 01 checkers: a correct answer passes, each named mistake gets its own message."""
+"""Lesson 01 checkers: correct answers in several styles pass, each named mistake gets its own message."""
 
 from __future__ import annotations
 
@@ -8,7 +8,10 @@ import pytest
 from _helpers import passes
 import torch
 
-from course_lib.checks import check_attention_mask, check_scaled_dot_product_attention
+from course_lib.checks import (
+    check_attention_mask, check_fixed_attention, check_nan_rows_prediction, check_scaled_dot_product_attention,
+    check_top_key_prediction,
+)
 
 
 # ---------------------------------------------------------------- scaled dot-product attention
@@ -230,3 +233,209 @@ def test_crash_is_explained():
 
     with pytest.raises(AssertionError, match=r"raised RuntimeError.*unsqueeze\(1\)"):
         check_attention_mask(make_padding_mask)
+
+
+# ---------------------------------------------------------------- more correct styles
+
+def test_einsum_attention_passes():
+    def attention(query, key, value, mask=None):
+        scores = torch.einsum("...qd,...kd->...qk", query, key) / query.size(-1) ** 0.5
+        if mask is not None:
+            scores = scores.masked_fill(mask.logical_not(), torch.finfo(scores.dtype).min)
+        weights = torch.softmax(scores, dim=-1)
+        if mask is not None:
+            weights = weights * mask
+        return torch.einsum("...qk,...kv->...qv", weights, value), weights
+
+    assert passes(check_scaled_dot_product_attention, attention)
+
+
+def test_fused_sdpa_with_separate_weights_passes():
+    """PyTorch's fused kernel for the output, the weights computed alongside."""
+    import torch.nn.functional as F
+
+    def attention(query, key, value, mask=None):
+        weights = make_attention()(query, key, value, mask)[1]
+        out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask)
+        return out, weights
+
+    assert passes(check_scaled_dot_product_attention, attention)
+
+
+def test_mask_from_ne_and_indexing_passes():
+    def make_padding_mask(ids, pad_id):
+        return torch.ne(ids, pad_id)[:, None, :]
+
+    assert passes(check_attention_mask, make_padding_mask)
+
+
+# ---------------------------------------------------------------- predict: the top key
+
+
+TOKENS = ["[CLS]", "the", "cat", "sat", "on", "the", "mat", "it", "[SEP]"]
+
+
+def top_key_inputs():
+    x = torch.randn(len(TOKENS), 16, generator=torch.Generator().manual_seed(0))
+    x[5] = x[1]  # the two "the" share their embedding, as in the lesson
+    return x, x, TOKENS, "it"
+
+
+@pytest.mark.parametrize("answer", ["it", " it", 7, torch.tensor(7)])
+def test_top_key_right_answers_pass(answer, capsys):
+    assert passes(check_top_key_prediction, lambda: answer, *top_key_inputs())
+    assert "right, 'it'" in capsys.readouterr().out
+
+
+def test_top_key_wrong_token_is_explained():
+    with pytest.raises(AssertionError, match=r"Not 'cat'.*\|x\|\^2.*learned in training"):
+        check_top_key_prediction(lambda: "cat", *top_key_inputs())
+
+
+def test_top_key_wrong_position_is_named():
+    with pytest.raises(AssertionError, match=r"Not position 2 \('cat'\)"):
+        check_top_key_prediction(lambda: 2, *top_key_inputs())
+
+
+@pytest.mark.parametrize("answer, words", [("dog", "not a token of the sentence"), (3.0, "Return one token"),
+                                            (42, "outside the sentence")])
+def test_top_key_bad_answers_are_explained(answer, words):
+    with pytest.raises(AssertionError, match=words):
+        check_top_key_prediction(lambda: answer, *top_key_inputs())
+
+
+def test_top_key_when_query_differs_from_key():
+    """With projections the truth is whatever the scores say; the checker computes it."""
+    q, k, tokens, it = top_key_inputs()
+    k = k.flip(0)
+    best = tokens[int((q[tokens.index(it)] @ k.T).argmax())]
+    assert passes(check_top_key_prediction, lambda: best, q, k, tokens, it)
+
+
+def test_top_key_stub_prints_not_implemented(capsys):
+    def predicted_top_key():
+        raise NotImplementedError
+
+    assert check_top_key_prediction(predicted_top_key, *top_key_inputs()) is None
+    assert "`predicted_top_key` is not implemented yet" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------- predict: the NaN rows
+
+IDS = torch.tensor([[101, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 102],
+                    [101, 3, 4, 5, 6, 7, 102, 0, 0, 0, 0, 0]])
+NAN_ROWS = [(1, 7), (1, 8), (1, 9), (1, 10), (1, 11)]
+
+
+@pytest.mark.parametrize("answer", [NAN_ROWS, set(NAN_ROWS), tuple(reversed(NAN_ROWS)),
+                                    [[1, t] for t in range(7, 12)], IDS == 0])
+def test_nan_rows_right_answers_pass(answer, capsys):
+    assert passes(check_nan_rows_prediction, lambda: answer, IDS, 0)
+    assert "right, 5 rows" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("answer, words", [
+    ([], r"you predicted none.*harmless only while a row keeps one visible key"),
+    ([(1, t) for t in range(12)], r"see at least one real key.*does not spread from row to row"),
+    ([(1, 7)], r"You missed \(1, 8\), \(1, 9\), \(1, 10\), \(1, 11\): pad queries as well"),
+    (NAN_ROWS + [(0, 11)], r"Sentence\(s\) \[0\] have no padding"),
+    ([7, 8, 9, 10, 11], r"Return a list of \(sentence, position\) pairs"),
+    ([(2, 0)], "outside the batch"),
+    (torch.zeros(2, 12), "bool tensor of shape"),
+])
+def test_nan_rows_wrong_answers_are_explained(answer, words):
+    with pytest.raises(AssertionError, match=words):
+        check_nan_rows_prediction(lambda: answer, IDS, 0)
+
+
+def test_nan_rows_truth_follows_the_pad_id():
+    ids = torch.tensor([[4, 0, 5, 3, 3]])  # pad_id 3; 0 is a real token here
+    assert passes(check_nan_rows_prediction, lambda: [(0, 3), (0, 4)], ids, 3)
+
+
+def test_nan_rows_stub_prints_not_implemented(capsys):
+    def predicted_nan_rows():
+        raise NotImplementedError
+
+    assert check_nan_rows_prediction(predicted_nan_rows, IDS, 0) is None
+    assert "`predicted_nan_rows` is not implemented yet" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------- debug: the mask that gains an axis
+
+def make_fixed(bug: str = ""):
+    def fixed_attention(query, key, value, mask=None):
+        scores = query @ key.transpose(-2, -1) / math.sqrt(query.size(-1))
+        if mask is not None:
+            if bug == "unsqueeze" or (bug == "unsqueeze_3d" and mask.dim() == 3):
+                mask = mask.unsqueeze(1)
+            low = float("-inf") if bug == "-inf" else torch.finfo(scores.dtype).min
+            scores = scores.masked_fill(~mask, low)
+        weights = scores.softmax(dim=-1)
+        if mask is not None and bug != "-inf":
+            weights = weights.masked_fill(~mask, 0.0)
+        return weights @ value, weights
+
+    return fixed_attention
+
+
+def test_fixed_attention_passes(capsys):
+    assert passes(check_fixed_attention, make_fixed())
+    assert "check_fixed_attention: fixed, all 7 cases match" in capsys.readouterr().out
+
+
+def test_fixed_attention_alternatives_pass():
+    from course_lib import scaled_dot_product_attention
+
+    def delegating(query, key, value, mask=None):
+        return scaled_dot_product_attention(query, key, value, mask)
+
+    def with_where(query, key, value, mask=None):
+        scores = query @ key.transpose(-2, -1) / math.sqrt(query.size(-1))
+        if mask is not None:
+            scores = torch.where(mask, scores, torch.finfo(scores.dtype).min)
+        weights = scores.softmax(-1)
+        if mask is not None:
+            weights = torch.where(mask, weights, 0.0)
+        return weights @ value, weights
+
+    assert passes(check_fixed_attention, delegating)
+    assert passes(check_fixed_attention, with_where)
+
+
+@pytest.mark.parametrize("bug, words", [
+    ("unsqueeze", r"decoder mask \(B, L, L\)\): \(2, 2, 6, 8\), expected \(2, 6, 8\).*still gains an axis"),
+    ("unsqueeze_3d", r"one axis too many.*without unsqueeze"),
+    ("-inf", r"fully masked row.*contains NaN or inf"),
+])
+def test_fixed_attention_mistakes_are_named(bug, words):
+    with pytest.raises(AssertionError, match=words):
+        check_fixed_attention(make_fixed(bug))
+
+
+def test_fixed_attention_crash_is_explained():
+    def fixed_attention(query, key, value, mask=None):
+        scores = query @ key.transpose(-2, -1) / math.sqrt(query.size(-1))
+        if mask is not None:
+            scores = scores.masked_fill(~mask.unsqueeze(-1), torch.finfo(scores.dtype).min)
+        weights = scores.softmax(-1)
+        return weights @ value, weights
+
+    with pytest.raises(AssertionError, match=r"raised RuntimeError.*gain an axis inside the function"):
+        check_fixed_attention(fixed_attention)
+
+
+def test_fixed_attention_mask_ignored_is_named():
+    def fixed_attention(query, key, value, mask=None):
+        return make_fixed()(query, key, value, None)
+
+    with pytest.raises(AssertionError, match="mask ignored"):
+        check_fixed_attention(fixed_attention)
+
+
+def test_fixed_attention_stub_prints_not_implemented(capsys):
+    def fixed_attention(query, key, value, mask=None):
+        raise NotImplementedError
+
+    assert check_fixed_attention(fixed_attention) is None
+    assert "`fixed_attention` is not implemented yet" in capsys.readouterr().out

@@ -234,7 +234,7 @@ def _mask_mistakes() -> list[Mistake]:
         Mistake(
             "padding on both axes: the pad queries become fully masked rows",
             "Only the keys need hiding: return (ids != pad_id).unsqueeze(1), (B, 1, L). Hiding the pad query "
-            "rows as well leaves them no key at all (a fully masked row: NaN with -inf, section 8), and their "
+            "rows as well leaves them no key at all (a fully masked row: NaN with -inf, section 7), and their "
             "outputs are never used anyway.",
             variant(lambda ids, pad: (ids != pad).unsqueeze(2) & padding_mask(ids, pad)),
         ),

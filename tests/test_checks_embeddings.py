@@ -72,7 +72,8 @@ def test_pe_float64_output_accepted():
     [
         (make_pe(lambda t, d: 2 * t / d, lambda t, d: 2 * t / d), r"off by a factor of 2 \(the `2\*i` bug"),
         (make_pe(cos_pair_exp=lambda t, d: (t + 2) / d), r"cosine uses the next pair's frequency \(the `i\+1` bug\)"),
-        (make_pe(lambda t, d: 2 * t / d, lambda t, d: 2 * (t + 1) / d), r"both bugs of a popular blog post's loop at once"),
+        (make_pe(lambda t, d: 2 * t / d, lambda t, d: 2 * (t + 1) / d),
+         r"both bugs of a popular blog post's loop at once"),
         (make_pe(cos_pair_exp=lambda t, d: (t + 1) / d), r"its own index j in the exponent"),
         (make_pe(lambda t, d: t / (2 * d), lambda t, d: t / (2 * d)), r"exponent halved"),
         (make_pe(swap=True), r"sin and cos swapped"),
@@ -91,7 +92,7 @@ def test_pe_named_mistakes(fn, words):
 
 
 def test_pe_per_column_loop_is_the_blog_post_matrix():
-    # over all columns j, exponent 2*j/d, sine on even and cosine on odd columns (a second blog post's loop)
+    # every column j, exponent 2*j/d, sine on even, cosine on odd columns (another blog post's loop)
     def per_column(max_len, d_model):
         pe = torch.zeros(max_len, d_model)
         for pos in range(max_len):
@@ -131,7 +132,7 @@ def test_pe_not_implemented_prints_friendly_line(capsys):
     assert "`positional_encoding` is not implemented yet" in out
 
 
-# ----------------------------------------------------------------------------- debug: the blog post's loop
+# ------------------------------------------------------------------ debug: the blog post's loop
 def blog_loop(double=True, next_cos=True):
     """The blog post's loop (i steps by 2), with each of its two bugs switchable."""
     def pe_fn(max_len, d_model):
@@ -150,7 +151,8 @@ def blog_loop(double=True, next_cos=True):
 def test_fixed_loop_alternatives_pass(capsys):
     assert passes(check_fixed_positional_encoding, blog_loop(double=False, next_cos=False))
     out = capsys.readouterr().out
-    assert "check_fixed_positional_encoding: all 5 cases match the paper's formula. Both bugs fixed" in out
+    assert "check_fixed_positional_encoding: all 5 cases match the paper's formula." in out
+    assert "Both bugs fixed" in out
     assert out.count("\n") == 1
     assert passes(check_fixed_positional_encoding, vectorized_pe)
     assert passes(check_fixed_positional_encoding, lambda n, d: make_pe()(n, d).double())

@@ -1,14 +1,15 @@
 """Checkers for the exercises of lesson 03 (embeddings and positions).
 
-- ``check_positional_encoding(fn)``: ``fn(max_len, d_model) -> (max_len, d_model)``, the paper's sinusoids.
+- ``check_positional_encoding(fn)``: ``fn(max_len, d_model) -> (max_len, d_model)``, the paper's
+  sinusoids.
 - ``check_token_embedding(cls)``: ``cls(vocab_size, d_model)`` with an ``nn.Embedding`` named
   ``embedding``; ``forward(ids (B, L)) -> (B, L, d_model)`` scaled by ``sqrt(d_model)``.
-- ``check_pe_dot_prediction(fn)``, ``check_token_norm_prediction(fn)``: "predict, then run" questions;
-  ``fn()`` returns a number, the checker computes the truth itself and explains it.
+- ``check_pe_dot_prediction(fn)``, ``check_token_norm_prediction(fn)``: "predict, then
+  run" questions; ``fn()`` returns a number, the checker computes the truth itself and explains it.
 - ``check_fixed_positional_encoding(fn)``: the debug exercise, a blog post's loop with the `2*i` and
   `i+1` bugs fixed; ``fn(max_len, d_model)`` for even ``d_model`` must equal the paper's sinusoids.
-- ``check_embedding_layer(cls)``: a BERT-style layer ``cls(vocab_size, d_model, max_len, dropout)`` with
-  ``token``, ``position`` (both ``nn.Embedding``), ``norm`` (``nn.LayerNorm``) and ``dropout``;
+- ``check_embedding_layer(cls)``: a BERT-style layer ``cls(vocab_size, d_model, max_len, dropout)``
+  with ``token``, ``position`` (both ``nn.Embedding``), ``norm`` (``nn.LayerNorm``) and ``dropout``;
   ``forward(ids) = dropout(norm(token(ids) + position(0..L-1)))``, no ``sqrt(d_model)`` scaling.
 """
 
@@ -24,26 +25,46 @@ from torch import nn
 
 from ..embeddings import TokenEmbedding, TransformerEmbedding, sinusoidal_positional_encoding
 from ._common import (
-    CheckFailure, Mistake, checker, compare, expect_finite, expect_shape, load_reference_weights, passed, run_learner,
+    CheckFailure,
+    Mistake,
+    checker,
+    compare,
+    expect_finite,
+    expect_shape,
+    load_reference_weights,
+    passed,
+    run_learner,
 )
 
 __all__ = [
-    "check_positional_encoding", "check_token_embedding", "check_embedding_layer",
-    "check_token_norm_prediction", "check_pe_dot_prediction", "check_fixed_positional_encoding",
+    "check_positional_encoding",
+    "check_token_embedding",
+    "check_embedding_layer",
+    "check_token_norm_prediction",
+    "check_pe_dot_prediction",
+    "check_fixed_positional_encoding",
 ]
 
 
 # --------------------------------------------------------------------------- positional encoding
-def _pe_from(max_len: int, d_model: int, sin_exp, cos_exp, base: float = 10000.0, start: int = 0,
-             swap: bool = False, divide: bool = True) -> torch.Tensor:
-    """A sinusoid table where column ``j`` uses ``pos / base**exp(j)``; ``sin_exp``/``cos_exp`` map the
-    column index to the exponent for sine (even) and cosine (odd) columns."""
+def _pe_from(
+    max_len: int,
+    d_model: int,
+    sin_exp,
+    cos_exp,
+    base: float = 10000.0,
+    start: int = 0,
+    swap: bool = False,
+    divide: bool = True,
+) -> torch.Tensor:
+    """A sinusoid table where column ``j`` uses ``pos / base**exp(j)``; ``sin_exp``/``cos_exp`` map
+    the column index to the exponent for sine (even) and cosine (odd) columns."""
     pos = torch.arange(start, start + max_len, dtype=torch.float64).unsqueeze(1)  # (max_len, 1)
     pe = torch.zeros(max_len, d_model, dtype=torch.float64)
     for j in range(d_model):
         even = j % 2 == 0
         exp = sin_exp(j) if even else cos_exp(j)
-        angle = pos[:, 0] / base**exp if divide else pos[:, 0] * base**exp
+        angle = pos[:, 0] / base ** exp if divide else pos[:, 0] * base**exp
         use_sin = even != swap
         pe[:, j] = torch.sin(angle) if use_sin else torch.cos(angle)
     return pe.float()
@@ -60,28 +81,35 @@ def _pe_mistakes() -> list[Mistake]:
         Mistake(
             "frequencies off by a factor of 2 (the `2*i` bug: the exponent is doubled)",
             "Your loop index already steps by 2 (0, 2, 4, ...), so it IS the paper's 2i: use "
-            "`10000 ** (i / d_model)`, not `10000 ** (2 * i / d_model)`. With the doubled exponent the "
+            "`10000 ** (i / d_model)`, not `10000 ** (2 * i / d_model)`. With the doubled "
+            "exponent the "
             "wavelengths grow twice as fast and half the columns are almost constant.",
             lambda n, d: _pe_from(n, d, lambda j: 2 * _pair(j) / d, lambda j: 2 * _pair(j) / d),
         ),
         Mistake(
             "the cosine uses the next pair's frequency (the `i+1` bug)",
             "Column 2i+1 must use the SAME frequency as its sine partner in column 2i: "
-            "`cos(pos / 10000 ** (2i / d_model))`, not `10000 ** ((2i + 2) / d_model)`. Only a sin/cos pair "
+            "`cos(pos / 10000 ** (2i / d_model))`, not `10000 ** ((2i + 2) / d_model)`. Only a "
+            "sin/cos pair "
             "of one frequency turns a shift of position into a rotation.",
             lambda n, d: _pe_from(n, d, lambda j: _pair(j) / d, lambda j: (_pair(j) + 2) / d),
         ),
         Mistake(
-            "both bugs of a popular blog post's loop at once: exponent doubled (`2*i`) and the cosine "
+            "both bugs of a popular blog post's loop at once: exponent doubled (`2*i`) and the "
+            "cosine "
             "on the next frequency (`2*(i+1)`)",
             "With `for i in range(0, d_model, 2)` the exponent is `i / d_model` for BOTH "
-            "`pe[pos, i] = sin(...)` and `pe[pos, i + 1] = cos(...)`; do not write 2*i, and do not use i+1 "
+            "`pe[pos, i] = sin(...)` and `pe[pos, i + 1] = cos(...)`; do not write 2*i, and do "
+            "not use i+1 "
             "inside the cosine.",
-            lambda n, d: _pe_from(n, d, lambda j: 2 * _pair(j) / d, lambda j: 2 * (_pair(j) + 1) / d),
+            lambda n, d: _pe_from(
+                n, d, lambda j: 2 * _pair(j) / d, lambda j: 2 * (_pair(j) + 1) / d
+            ),
         ),
         Mistake(
             "each column uses its own index j in the exponent (cosine columns are half a step off)",
-            "The exponent belongs to the PAIR: columns 2i and 2i+1 both use 2i / d_model. For an odd "
+            "The exponent belongs to the PAIR: columns 2i and 2i+1 both use 2i / d_model. For an "
+            "odd "
             "column j use j - 1, e.g. `two_i = j - j % 2`.",
             lambda n, d: _pe_from(n, d, lambda j: j / d, lambda j: j / d),
         ),
@@ -98,94 +126,137 @@ def _pe_mistakes() -> list[Mistake]:
         ),
         Mistake(
             "positions start at 1 instead of 0",
-            "The first token has position 0: `torch.arange(max_len)`, so row 0 is [0, 1, 0, 1, ...].",
+            "The first token has position 0: `torch.arange(max_len)`, so row 0 is [0, 1, 0, 1, "
+            "...].",
             lambda n, d: _pe_from(n, d, right(d), right(d), start=1),
         ),
         Mistake(
             "multiplied by 10000^(2i/d_model) instead of dividing",
-            "The angle is pos / 10000^(2i/d_model) (slower and slower waves), i.e. pos * 10000^(-2i/d_model).",
+            "The angle is pos / 10000^(2i/d_model) (slower and slower waves), i.e. pos * "
+            "10000^(-2i/d_model).",
             lambda n, d: _pe_from(n, d, right(d), right(d), divide=False),
         ),
     ]
     for base in (1000.0, 100000.0, math.e):
         label = "e" if base == math.e else f"{base:g}"
-        mistakes.append(Mistake(
-            f"wrong base ({label} instead of 10000)",
-            "The paper's constant is 10000 (= 1e4), giving wavelengths from 2*pi up to 10000 * 2*pi. "
-            "If you use the log form, it is `torch.exp(-two_i * math.log(10000.0) / d_model)`.",
-            lambda n, d, b=base: _pe_from(n, d, right(d), right(d), base=b),
-        ))
+        mistakes.append(
+            Mistake(
+                f"wrong base ({label} instead of 10000)",
+                "The paper's constant is 10000 (= 1e4), giving wavelengths from 2*pi up to 10000 "
+                "* 2*pi. "
+                "If you use the log form, it is `torch.exp(-two_i * math.log(10000.0) / d_model)`.",
+                lambda n, d, b=base: _pe_from(n, d, right(d), right(d), base=b),
+            )
+        )
     return mistakes
 
 
 _PE_CASES = [(16, 8), (50, 64), (30, 16), (10, 128), (9, 7), (1, 5), (20, 33)]
 
 
-_ODD_HINT = ("It crashes for an odd d_model, where there is one sine column more than cosine columns (the "
-             "last pair has no cosine): fill `pe[:, 0::2] = torch.sin(angles)` and "
-             "`pe[:, 1::2] = torch.cos(angles[:, : d_model // 2])`.")
+_ODD_HINT = (
+    "It crashes for an odd d_model, where there is one sine column more than cosine columns (the "
+    "last pair has no cosine): fill `pe[:, 0::2] = torch.sin(angles)` and "
+    "`pe[:, 1::2] = torch.cos(angles[:, : d_model // 2])`."
+)
 
 
 @checker
 def check_positional_encoding(fn) -> None:
-    """``fn(max_len, d_model) -> (max_len, d_model)`` must equal the paper's sinusoids (even and odd d_model)."""
+    """``fn(max_len, d_model) -> (max_len, d_model)``: the paper's sinusoids, even or odd width."""
     mistakes = _pe_mistakes()
     for max_len, d_model in _PE_CASES:
         case = f"max_len={max_len}, d_model={d_model}"
         got = run_learner(fn, max_len, d_model, case=case, hint=_ODD_HINT if d_model % 2 else "")
         expected = sinusoidal_positional_encoding(max_len, d_model)
-        if isinstance(got, torch.Tensor) and tuple(got.shape) == (d_model, max_len) and max_len != d_model:
+        if (
+            isinstance(got, torch.Tensor)
+            and tuple(got.shape) == (d_model, max_len)
+            and max_len != d_model
+        ):
             if torch.allclose(got.T.float(), expected, atol=1e-4):
                 raise CheckFailure(
-                    f"Likely mistake ({case}): positions and dimensions transposed: your output has shape "
-                    f"{tuple(got.shape)} = (d_model, max_len). Rows must be positions: shape (max_len, d_model); "
+                    f"Likely mistake ({case}): positions and dimensions transposed: your output "
+                    "has shape "
+                    f"{tuple(got.shape)} = (d_model, max_len). Rows must be positions: shape "
+                    "(max_len, d_model); "
                     "build `position` as a column (max_len, 1) and the frequencies as a row."
                 )
-        expect_shape(got, (max_len, d_model), f"fn({max_len}, {d_model})",
-                     "Expected one row per position and one column per dimension: (max_len, d_model).")
-        expect_finite(got, f"fn({max_len}, {d_model})", "Check for a division by zero or a huge power.")
-        transposed = Mistake("positions and dimensions transposed", "Rows are positions, columns are dimensions.",
-                             lambda n, d: sinusoidal_positional_encoding(n, d).T)
+        expect_shape(
+            got,
+            (max_len, d_model),
+            f"fn({max_len}, {d_model})",
+            "Expected one row per position and one column per dimension: (max_len, d_model).",
+        )
+        expect_finite(
+            got, f"fn({max_len}, {d_model})", "Check for a division by zero or a huge power."
+        )
+        transposed = Mistake(
+            "positions and dimensions transposed",
+            "Rows are positions, columns are dimensions.",
+            lambda n, d: sinusoidal_positional_encoding(n, d).T,
+        )
         compare(got.float(), expected, (max_len, d_model), [*mistakes, transposed], case, atol=1e-4)
     passed("check_positional_encoding", len(_PE_CASES))
 
 
-# --------------------------------------------------------------------------- debug: the blog post's loop
+# ------------------------------------------------------------------- debug: the blog post's loop
 _DEBUG_CASES = [(16, 8), (50, 64), (30, 16), (10, 128), (1, 4)]
 
 
 @checker
 def check_fixed_positional_encoding(fn) -> None:
-    """The debug exercise: ``fn(max_len, d_model)`` (even ``d_model``) must equal the paper's sinusoids.
+    """Debug exercise: ``fn(max_len, d_model)`` (even ``d_model``) must equal the paper's sinusoids.
 
-    Only even widths are tested: the loop of the exercise writes column ``i + 1`` and was never asked
-    to handle an odd ``d_model``.
+    Only even widths are tested: the loop of the exercise writes column ``i + 1`` and was never
+    asked to handle an odd ``d_model``.
     """
     mistakes = _pe_mistakes()
     for max_len, d_model in _DEBUG_CASES:
         case = f"max_len={max_len}, d_model={d_model}"
         got = run_learner(fn, max_len, d_model, case=case)
-        expect_shape(got, (max_len, d_model), f"fn({max_len}, {d_model})",
-                     "The loop should fill a (max_len, d_model) table: keep `torch.zeros(max_len, d_model)`.")
-        expect_finite(got, f"fn({max_len}, {d_model})", "Check for a division by zero or a huge power.")
-        compare(got.float(), sinusoidal_positional_encoding(max_len, d_model), (max_len, d_model),
-                mistakes, case, atol=1e-4)
-    print(f"check_fixed_positional_encoding: all {len(_DEBUG_CASES)} cases match the paper's formula. "
-          "Both bugs fixed: `i` already steps by 2 (it IS the paper's 2i), so the exponent is "
-          "`i / d_model`, and the cosine in column i + 1 uses the same frequency as the sine in column i.")
+        expect_shape(
+            got,
+            (max_len, d_model),
+            f"fn({max_len}, {d_model})",
+            "The loop should fill a (max_len, d_model) table: keep `torch.zeros(max_len, "
+            "d_model)`.",
+        )
+        expect_finite(
+            got, f"fn({max_len}, {d_model})", "Check for a division by zero or a huge power."
+        )
+        compare(
+            got.float(),
+            sinusoidal_positional_encoding(max_len, d_model),
+            (max_len, d_model),
+            mistakes,
+            case,
+            atol=1e-4,
+        )
+    print(
+        f"check_fixed_positional_encoding: all {len(_DEBUG_CASES)} cases match the paper's "
+        "formula. "
+        "Both bugs fixed: `i` already steps by 2 (it IS the paper's 2i), so the exponent is "
+        "`i / d_model`, and the cosine in column i + 1 uses the same frequency as the sine in "
+        "column i."
+    )
 
 
 # --------------------------------------------------------------------------- predict, then run
 def _prediction(fn, example: str) -> float:
-    """Run the learner's ``fn()`` and return its prediction as a float (or fail saying what to return)."""
+    """Return the learner's prediction ``fn()`` as a float, or fail saying what to return."""
     got = run_learner(fn, case="your prediction")
     if isinstance(got, torch.Tensor) and got.numel() == 1:
         got = got.item()
     if isinstance(got, bool) or not isinstance(got, numbers.Real):
-        raise CheckFailure(f"Your prediction should be one number, e.g. `return {example}`, "
-                           f"got {type(got).__name__}: {got!r}.")
+        raise CheckFailure(
+            f"Your prediction should be one number, e.g. `return {example}`, "
+            f"got {type(got).__name__}: {got!r}."
+        )
     if not math.isfinite(float(got)):
-        raise CheckFailure(f"Your prediction is {got}; return a finite number, e.g. `return {example}`.")
+        raise CheckFailure(
+            f"Your prediction is {got}; return a finite number, e.g. `return {example}`."
+        )
     return float(got)
 
 
@@ -195,7 +266,7 @@ def _near(value: float, target: float, rel: float = 0.1) -> bool:
 
 @checker
 def check_token_norm_prediction(fn) -> None:
-    """Predict: the typical norm of an ``nn.Embedding(10_000, 512)`` row (default init) times sqrt(512).
+    """Predict: the typical norm of an ``nn.Embedding(10_000, 512)`` row (default init) x sqrt(512).
 
     Accepted within 10% of the measured mean norm (about 512).
     """
@@ -205,17 +276,27 @@ def check_token_norm_prediction(fn) -> None:
     truth = (table.norm(dim=-1) * math.sqrt(d_model)).mean().item()
     pe_norm = math.sqrt(d_model / 2)
     guess = _prediction(fn, "100.0")
-    why = (f"Each of the {d_model} entries is N(0, 1), so |row|^2 is about {d_model} and |row| about "
-           f"sqrt({d_model}) = {math.sqrt(d_model):.1f}; times sqrt({d_model}) that is about {d_model} "
-           f"(measured: {truth:.1f}).")
+    why = (
+        f"Each of the {d_model} entries is N(0, 1), so |row|^2 is about {d_model} and |row| about "
+        f"sqrt({d_model}) = {math.sqrt(d_model):.1f}; times sqrt({d_model}) that is about "
+        f"{d_model} "
+        f"(measured: {truth:.1f})."
+    )
     if _near(guess, truth):
-        print(f"check_token_norm_prediction: right, about {truth:.0f}. {why} That is "
-              f"{truth / pe_norm:.0f} times the norm {pe_norm:.0f} of a PE vector: the word drowns the position.")
+        print(
+            f"check_token_norm_prediction: right, about {truth:.0f}. {why} That is "
+            f"{truth / pe_norm:.0f} times the norm {pe_norm:.0f} of a PE vector: the word drowns "
+            "the position."
+        )
         return
     confusions = [
         (math.sqrt(d_model), "that is the norm BEFORE the sqrt(d_model) factor"),
-        (1.0, "that is the norm with the paper's small initialisation N(0, 1/d_model), not nn.Embedding's "
-              "default N(0, 1)"),
+        (
+            1.0,
+            "that is the norm with the paper's small initialisation N(0, 1/d_model), not "
+            "nn.Embedding's "
+            "default N(0, 1)",
+        ),
         (pe_norm, "that is the norm of a positional-encoding vector, sqrt(d_model / 2)"),
         (float(d_model) ** 1.5, "that is |row| times d_model; the factor is sqrt(d_model)"),
         (float(d_model) ** 2, "the SQUARED norm of the scaled vector; the norm is its square root"),
@@ -233,21 +314,26 @@ def check_pe_dot_prediction(fn) -> None:
     truth = (pe[40] @ pe[47] - pe[5] @ pe[12]).item()  # 0 up to float32 rounding of the table
     near = (pe[5] @ pe[12]).item()
     guess = _prediction(fn, "1.5")
-    why = ("Per pair, sin(wp) sin(wq) + cos(wp) cos(wq) = cos(w (p - q)), so PE[p] . PE[q] = "
-           "sum_i cos(w_i (p - q)) depends only on the distance p - q. Both dot products have distance 7 "
-           f"(each is {near:.2f}), so the difference is 0 (measured: {truth:.1e}, float32 rounding).")
+    why = (
+        "Per pair, sin(wp) sin(wq) + cos(wp) cos(wq) = cos(w (p - q)), so PE[p] . PE[q] = "
+        "sum_i cos(w_i (p - q)) depends only on the distance p - q. Both dot products have "
+        "distance 7 "
+        f"(each is {near:.2f}), so the difference is 0 (measured: {truth:.1e}, float32 rounding)."
+    )
     if abs(guess - truth) <= 1e-3:
         print(f"check_pe_dot_prediction: right, 0. {why}")
         return
     if abs(guess - near) <= 0.05 * abs(near) or abs(guess + near) <= 0.05 * abs(near):
-        raise CheckFailure(f"Your prediction {guess:g} is the size of ONE of the two dot products, not their "
-                           f"difference. {why}")
+        raise CheckFailure(
+            f"Your prediction {guess:g} is the size of ONE of the two dot products, not their "
+            f"difference. {why}"
+        )
     raise CheckFailure(f"Your prediction {guess:g} is off. {why}")
 
 
 # --------------------------------------------------------------------------- token embedding
 def _load(learner: nn.Module, state: dict[str, torch.Tensor], what: str, ids: torch.Tensor) -> None:
-    """``load_reference_weights``, but a forward that is still a stub says "not implemented yet" first."""
+    """``load_reference_weights``, but a forward that is still a stub says "not implemented yet"."""
     try:
         load_reference_weights(learner, state, what)
     except CheckFailure:
@@ -268,38 +354,57 @@ def check_token_embedding(cls) -> None:
         gen = torch.Generator().manual_seed(300 + n)
         ref = TokenEmbedding(vocab_size, d_model)
         with torch.no_grad():
-            ref.embedding.weight.copy_(torch.randn(vocab_size, d_model, generator=gen) * d_model**-0.5)
+            ref.embedding.weight.copy_(
+                torch.randn(vocab_size, d_model, generator=gen) * d_model**-0.5
+            )
         ids = torch.randint(0, vocab_size, shape, generator=gen)
         learner = cls(vocab_size, d_model)
-        _load(learner, {"embedding.weight": ref.embedding.weight.detach().clone()},
-              f"{type(learner).__name__}({vocab_size}, {d_model})", ids)
+        _load(
+            learner,
+            {"embedding.weight": ref.embedding.weight.detach().clone()},
+            f"{type(learner).__name__}({vocab_size}, {d_model})",
+            ids,
+        )
         learner.eval()
         with torch.no_grad():
             got = learner(ids)
             expected = ref(ids)
-        expect_shape(got, (*shape, d_model), f"forward(ids of shape {shape})",
-                     "One d_model vector per token: (B, L, d_model). Did you sum or average over a dimension?")
+        expect_shape(
+            got,
+            (*shape, d_model),
+            f"forward(ids of shape {shape})",
+            "One d_model vector per token: (B, L, d_model). Did you sum or average over a "
+            "dimension?",
+        )
         table = ref.embedding.weight.detach()
         mistakes = [
-            Mistake("missing the sqrt(d_model) scale",
-                    "The paper multiplies the looked-up vectors by sqrt(d_model): "
-                    "`self.embedding(ids) * math.sqrt(self.d_model)`.",
-                    lambda i: table[i]),
-            Mistake("scaled by d_model instead of sqrt(d_model)",
-                    "Multiply by math.sqrt(d_model), not by d_model.",
-                    lambda i: table[i] * d_model),
-            Mistake("divided by sqrt(d_model) instead of multiplied",
-                    "Attention divides scores by sqrt(d_k); the embedding MULTIPLIES by sqrt(d_model).",
-                    lambda i: table[i] / math.sqrt(d_model)),
-            Mistake("scaled by sqrt(vocab_size) instead of sqrt(d_model)",
-                    "The factor is the width of the vectors, sqrt(d_model), not the vocabulary size.",
-                    lambda i: table[i] * math.sqrt(vocab_size)),
+            Mistake(
+                "missing the sqrt(d_model) scale",
+                "The paper multiplies the looked-up vectors by sqrt(d_model): "
+                "`self.embedding(ids) * math.sqrt(self.d_model)`.",
+                lambda i: table[i],
+            ),
+            Mistake(
+                "scaled by d_model instead of sqrt(d_model)",
+                "Multiply by math.sqrt(d_model), not by d_model.",
+                lambda i: table[i] * d_model,
+            ),
+            Mistake(
+                "divided by sqrt(d_model) instead of multiplied",
+                "Attention divides scores by sqrt(d_k); the embedding MULTIPLIES by sqrt(d_model).",
+                lambda i: table[i] / math.sqrt(d_model),
+            ),
+            Mistake(
+                "scaled by sqrt(vocab_size) instead of sqrt(d_model)",
+                "The factor is the width of the vectors, sqrt(d_model), not the vocabulary size.",
+                lambda i: table[i] * math.sqrt(vocab_size),
+            ),
         ]
         compare(got, expected, (ids,), mistakes, case)
     passed("check_token_embedding", len(_TOKEN_CASES))
 
 
-# --------------------------------------------------------------------------- BERT-style embedding layer
+# ---------------------------------------------------------------------- BERT-style embedding layer
 _NAME_MAP = {  # learner's name -> course_lib TransformerEmbedding's name
     "token.weight": "token.embedding.weight",
     "position.weight": "position.embedding.weight",
@@ -309,10 +414,19 @@ _NAME_MAP = {  # learner's name -> course_lib TransformerEmbedding's name
 _LAYER_CASES = [(20, 16, 12, (2, 5)), (50, 32, 40, (3, 9)), (7, 8, 6, (1, 6))]
 
 
-def _reference_layer(vocab_size: int, d_model: int, max_len: int, dropout: float, seed: int) -> TransformerEmbedding:
+def _reference_layer(
+    vocab_size: int, d_model: int, max_len: int, dropout: float, seed: int
+) -> TransformerEmbedding:
     gen = torch.Generator().manual_seed(seed)
-    ref = TransformerEmbedding(vocab_size, d_model, max_len, positional="learned", scale_embedding=False,
-                               layer_norm=True, dropout=dropout)
+    ref = TransformerEmbedding(
+        vocab_size,
+        d_model,
+        max_len,
+        positional="learned",
+        scale_embedding=False,
+        layer_norm=True,
+        dropout=dropout,
+    )
     with torch.no_grad():
         for p in ref.parameters():
             p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
@@ -322,7 +436,10 @@ def _reference_layer(vocab_size: int, d_model: int, max_len: int, dropout: float
 
 @checker
 def check_embedding_layer(cls) -> None:
-    """BERT-style ``cls(vocab_size, d_model, max_len, dropout)``: dropout(norm(token(ids) + position(0..L-1)))."""
+    """BERT-style ``cls(vocab_size, d_model, max_len, dropout)``.
+
+    ``forward(ids) = dropout(norm(token(ids) + position(0..L-1)))``.
+    """
     n_cases = 0
     for n, (vocab_size, d_model, max_len, shape) in enumerate(_LAYER_CASES):
         case = f"vocab_size={vocab_size}, d_model={d_model}, max_len={max_len}, ids {shape}"
@@ -330,8 +447,12 @@ def check_embedding_layer(cls) -> None:
         ref_state = ref.state_dict()
         learner = cls(vocab_size, d_model, max_len, 0.1)
         ids = torch.randint(0, vocab_size, shape, generator=torch.Generator().manual_seed(500 + n))
-        _load(learner, {ours: ref_state[theirs].clone() for ours, theirs in _NAME_MAP.items()},
-              f"{type(learner).__name__}({vocab_size}, {d_model}, {max_len}, 0.1)", ids)
+        _load(
+            learner,
+            {ours: ref_state[theirs].clone() for ours, theirs in _NAME_MAP.items()},
+            f"{type(learner).__name__}({vocab_size}, {d_model}, {max_len}, 0.1)",
+            ids,
+        )
         L = shape[1]
         tok = ref.token.embedding.weight.detach()
         pos = ref.position.embedding.weight.detach()
@@ -346,27 +467,42 @@ def check_embedding_layer(cls) -> None:
         with torch.no_grad():
             got = learner(ids)
             expected = ref(ids)
-        expect_shape(got, (*shape, d_model), f"forward(ids of shape {shape})",
-                     "One d_model vector per token: (B, L, d_model). Add the (L, d_model) positions to the "
-                     "(B, L, d_model) token vectors (broadcasting over B).")
+        expect_shape(
+            got,
+            (*shape, d_model),
+            f"forward(ids of shape {shape})",
+            "One d_model vector per token: (B, L, d_model). Add the (L, d_model) positions to the "
+            "(B, L, d_model) token vectors (broadcasting over B).",
+        )
         expect_finite(got, "the output", "Check the LayerNorm.")
         mistakes = [
-            Mistake("scaled by sqrt(d_model) (BERT does not scale)",
-                    "BERT adds raw token vectors to learned positions and relies on LayerNorm; drop the "
-                    "`* math.sqrt(d_model)` here.",
-                    lambda i: ln(tok[i] * math.sqrt(d_model) + pos[:L])),
-            Mistake("no LayerNorm after the sum",
-                    "Apply `self.norm` to token + position before the dropout.",
-                    lambda i: tok[i] + pos[:L]),
-            Mistake("LayerNorm applied to the tokens before adding the positions",
-                    "Normalize the SUM: `self.norm(self.token(ids) + self.position(positions))`.",
-                    lambda i: ln(tok[i]) + pos[:L]),
-            Mistake("positions not added",
-                    "Look up `self.position(torch.arange(L, device=ids.device))` and add it.",
-                    lambda i: ln(tok[i])),
-            Mistake("positions start at 1 instead of 0",
-                    "The first token has position 0: `torch.arange(L, device=ids.device)`.",
-                    lambda i: ln(tok[i] + pos[1 : L + 1])),
+            Mistake(
+                "scaled by sqrt(d_model) (BERT does not scale)",
+                "BERT adds raw token vectors to learned positions and relies on LayerNorm; drop "
+                "the "
+                "`* math.sqrt(d_model)` here.",
+                lambda i: ln(tok[i] * math.sqrt(d_model) + pos[:L]),
+            ),
+            Mistake(
+                "no LayerNorm after the sum",
+                "Apply `self.norm` to token + position before the dropout.",
+                lambda i: tok[i] + pos[:L],
+            ),
+            Mistake(
+                "LayerNorm applied to the tokens before adding the positions",
+                "Normalize the SUM: `self.norm(self.token(ids) + self.position(positions))`.",
+                lambda i: ln(tok[i]) + pos[:L],
+            ),
+            Mistake(
+                "positions not added",
+                "Look up `self.position(torch.arange(L, device=ids.device))` and add it.",
+                lambda i: ln(tok[i]),
+            ),
+            Mistake(
+                "positions start at 1 instead of 0",
+                "The first token has position 0: `torch.arange(L, device=ids.device)`.",
+                lambda i: ln(tok[i] + pos[1 : L + 1]),
+            ),
         ]
         compare(got, expected, (ids,), mistakes, case + ", eval mode")
         n_cases += 1
@@ -384,15 +520,21 @@ def check_embedding_layer(cls) -> None:
             return F.dropout(x, p, training=True)
 
         train_mistakes = [
-            Mistake("dropout with p=0.5 (`nn.Dropout()` without an argument)",
-                    "`nn.Dropout()` defaults to p=0.5; pass the rate: `nn.Dropout(dropout)`.",
-                    lambda i: dropped(ln(tok[i] + pos[:L]), 0.5)),
-            Mistake("dropout applied before the LayerNorm",
-                    "The order is sum -> LayerNorm -> dropout: `self.dropout(self.norm(x))`.",
-                    lambda i: ln(dropped(tok[i] + pos[:L], 0.1))),
-            Mistake("no dropout in training mode",
-                    "Apply `self.dropout` (nn.Dropout(dropout)) to the normalized sum.",
-                    lambda i: ln(tok[i] + pos[:L])),
+            Mistake(
+                "dropout with p=0.5 (`nn.Dropout()` without an argument)",
+                "`nn.Dropout()` defaults to p=0.5; pass the rate: `nn.Dropout(dropout)`.",
+                lambda i: dropped(ln(tok[i] + pos[:L]), 0.5),
+            ),
+            Mistake(
+                "dropout applied before the LayerNorm",
+                "The order is sum -> LayerNorm -> dropout: `self.dropout(self.norm(x))`.",
+                lambda i: ln(dropped(tok[i] + pos[:L], 0.1)),
+            ),
+            Mistake(
+                "no dropout in training mode",
+                "Apply `self.dropout` (nn.Dropout(dropout)) to the normalized sum.",
+                lambda i: ln(tok[i] + pos[:L]),
+            ),
         ]
         compare(got, expected, (ids,), train_mistakes, case + ", train mode (dropout on)")
         n_cases += 1

@@ -15,13 +15,13 @@ def predicted_token_norm() -> float:
 
 # %% solution 03.positional_encoding
 def positional_encoding(max_len: int, d_model: int) -> torch.Tensor:
-    position = torch.arange(max_len, dtype=torch.float32).unsqueeze(1)   # (max_len, 1)
-    two_i = torch.arange(0, d_model, 2, dtype=torch.float32)             # 0, 2, 4, ...: already 2i
-    omega = torch.pow(10000.0, -two_i / d_model)                          # (ceil(d_model / 2),)
-    angles = position * omega                                             # (max_len, ceil(d_model / 2))
+    position = torch.arange(max_len, dtype=torch.float32).unsqueeze(1)  # (max_len, 1)
+    two_i = torch.arange(0, d_model, 2, dtype=torch.float32)    # 0, 2, 4, ...: already 2i
+    omega = torch.pow(10000.0, -two_i / d_model)                # (ceil(d_model / 2),)
+    angles = position * omega                                   # (max_len, ceil(d_model / 2))
     pe = torch.zeros(max_len, d_model)
     pe[:, 0::2] = torch.sin(angles)
-    pe[:, 1::2] = torch.cos(angles[:, : d_model // 2])                    # odd d_model: one cosine fewer
+    pe[:, 1::2] = torch.cos(angles[:, : d_model // 2])          # odd d_model: one cosine fewer
     return pe
 
 # %% solution 03.dot_distance

@@ -1,14 +1,15 @@
 """Checkers for the exercises of lesson 02 (multi-head attention).
 
-* ``check_parameter_count_prediction(fn)``: ``fn() -> (n_8, n_1)``, the predicted number of parameters
-  of multi-head attention with ``d_model=512`` and 8 heads, then 1 head (a "predict, then run" question).
+* ``check_parameter_count_prediction(fn)``: ``fn() -> (n_8, n_1)``, the predicted number of
+  parameters of multi-head attention with ``d_model=512`` and 8 heads, then 1 head (a "predict, then
+  run" question).
 * ``check_split_heads(fn)``: ``fn(x (B, L, d_model), num_heads) -> (B, num_heads, L, head_dim)``
 * ``check_merge_heads(fn)``: ``fn(x (B, num_heads, L, head_dim)) -> (B, L, d_model)``
 * ``check_multi_head_attention(cls)``: ``cls(d_model, num_heads)`` with ``q_proj``, ``k_proj``,
   ``v_proj``, ``out_proj`` and ``forward(query, key, value, mask=None) -> (B, L_q, d_model)``
 
-``reference_split_heads`` and ``reference_merge_heads`` are course_lib's versions as plain functions,
-for ``yours_or_reference``.
+``reference_split_heads`` and ``reference_merge_heads`` are course_lib's versions as plain
+functions, for ``yours_or_reference``.
 """
 
 from __future__ import annotations
@@ -24,11 +25,13 @@ from torch import nn
 from ..attention import MultiHeadAttention, scaled_dot_product_attention
 from ..masks import causal_mask, padding_mask
 from ._common import (
-    CheckFailure, Mistake, _close, checker, compare, expect_shape, load_reference_weights, passed, run_learner,
+    CheckFailure, Mistake, _close, checker, compare, expect_shape, load_reference_weights, passed,
+    run_learner,
 )
 
 __all__ = [
-    "check_parameter_count_prediction", "check_split_heads", "check_merge_heads", "check_multi_head_attention",
+    "check_parameter_count_prediction", "check_split_heads", "check_merge_heads",
+    "check_multi_head_attention",
     "reference_split_heads", "reference_merge_heads",
 ]
 
@@ -69,22 +72,26 @@ def _count(d_model: int, num_heads: int) -> int:
 
 
 def _as_int(value: Any, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) and not hasattr(value, "__index__"):
-        raise CheckFailure(f"{what} should be a whole number, got {value!r} ({type(value).__name__}).")
+    is_number = isinstance(value, (int, float)) or hasattr(value, "__index__")
+    if isinstance(value, bool) or not is_number:
+        raise CheckFailure(f"{what} should be a whole number, got {value!r} "
+                           f"({type(value).__name__}).")
     if isinstance(value, float):
         if not value.is_integer():
-            raise CheckFailure(f"{what} should be a whole number (a count of parameters), got {value}.")
+            raise CheckFailure(f"{what} should be a whole number (a count of parameters), got "
+                               f"{value}.")
         return int(value)
     return int(value.__index__()) if hasattr(value, "__index__") else int(value)
 
 
 @checker
 def check_parameter_count_prediction(fn: Callable[[], Any]) -> None:
-    """Check ``fn() -> (n_8, n_1)``: the parameters of multi-head attention, d_model=512, 8 and 1 heads."""
+    """Check ``fn() -> (n_8, n_1)``: parameters of multi-head attention, d_model=512, 8/1 heads."""
     answer = fn()
     if not isinstance(answer, (tuple, list)) or len(answer) != 2:
         raise CheckFailure(
-            f"Return two numbers, (parameters with 8 heads, parameters with 1 head), e.g. (1000, 2000); "
+            f"Return two numbers, (parameters with 8 heads, parameters with 1 head), e.g. (1000, "
+            f"2000); "
             f"got {answer!r}."
         )
     n_8, n_1 = (_as_int(v, f"the {w} count") for v, w in zip(answer, ("8-head", "1-head")))
@@ -92,23 +99,30 @@ def check_parameter_count_prediction(fn: Callable[[], Any]) -> None:
     truth_8, truth_1 = _count(d, h), _count(d, 1)
     per_layer = d * d + d
     why = (
-        f"Each of the four projections W^Q, W^K, W^V (all heads stacked) and W^O is a {d} x {d} matrix plus "
-        f"a bias of {d}: 4 x ({d}*{d} + {d}) = {4 * per_layer:,}. With 8 heads, head i's W_i^Q is {d} x {hd}, "
-        f"and 8 of them stacked are one {d} x {d} matrix, so the number of heads does not change the count."
+        f"Each of the four projections W^Q, W^K, W^V (all heads stacked) and W^O is a {d} x {d} "
+        f"matrix plus "
+        f"a bias of {d}: 4 x ({d}*{d} + {d}) = {4 * per_layer:,}. With 8 heads, head i's W_i^Q is "
+        f"{d} x {hd}, "
+        f"and 8 of them stacked are one {d} x {d} matrix, so the number of heads does not change "
+        f"the count."
     )
     if (n_8, n_1) == (truth_8, truth_1):
-        print(f"check_parameter_count_prediction: right, {truth_8:,} parameters with 8 heads and with 1 head. "
+        print(f"check_parameter_count_prediction: right, {truth_8:,} parameters with 8 heads and "
+              f"with 1 head. "
               f"{why}")
         return
     wrong = {
         4 * d * d: f"you left out the biases: each nn.Linear({d}, {d}) also has {d} of them",
-        3 * per_layer: "you left out the output projection W^O (out_proj), which mixes the concatenated heads",
+        3 * per_layer: "you left out the output projection W^O (out_proj), which mixes the "
+                       "concatenated heads",
         3 * d * d: "you left out the biases and the output projection W^O",
         h * 3 * per_layer + per_layer: (
-            f"you gave every head full-width {d} x {d} projections; each head projects to head_dim = "
+            f"you gave every head full-width {d} x {d} projections; each head projects to head_dim "
+            f"= "
             f"{d} // {h} = {hd} dimensions only"),
         h * 4 * per_layer: (
-            f"you counted a whole {d} x {d} attention layer per head; each head projects to head_dim = {hd} "
+            f"you counted a whole {d} x {d} attention layer per head; each head projects to "
+            f"head_dim = {hd} "
             "dimensions, and there is one W^O for all heads"),
         3 * (d * hd + hd) + per_layer: (
             f"you counted the projections of one head only ({d} x {hd} each); there are {h} heads"),
@@ -120,7 +134,8 @@ def check_parameter_count_prediction(fn: Callable[[], Any]) -> None:
             if not reason and n_8 != n_1:
                 reason = "your two counts differ, but the number of heads does not change the count"
             reason = f"Likely mistake: {reason}. " if reason else ""
-            raise CheckFailure(f"Not quite: with {what} you predicted {got:,}, the layer has {truth:,}. "
+            raise CheckFailure(f"Not quite: with {what} you predicted {got:,}, the layer has "
+                               f"{truth:,}. "
                                f"{reason}{why}")
 
 
@@ -131,28 +146,35 @@ def check_parameter_count_prediction(fn: Callable[[], Any]) -> None:
 def reference_split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
     """course_lib's split: ``(B, L, d_model) -> (B, num_heads, L, head_dim)``."""
     B, L, d_model = x.shape
-    return x.view(B, L, num_heads, d_model // num_heads).transpose(1, 2)  # (B, L, h, hd) -> (B, h, L, hd)
+    x = x.view(B, L, num_heads, d_model // num_heads)  # (B, L, d) -> (B, L, h, hd)
+    return x.transpose(1, 2)  # (B, L, h, hd) -> (B, h, L, hd)
 
 
 _SPLIT_MISTAKES = [
     Mistake(
         "heads split without the transpose",
-        "`x.view(B, L, num_heads, head_dim)` is only half of the job: it groups the features of each "
-        "position into heads, shape (B, L, num_heads, head_dim). Add `.transpose(1, 2)` so the head axis "
+        "`x.view(B, L, num_heads, head_dim)` is only half of the job: it groups the features of "
+        "each "
+        "position into heads, shape (B, L, num_heads, head_dim). Add `.transpose(1, 2)` so the "
+        "head axis "
         "comes before the positions: (B, num_heads, L, head_dim).",
         lambda x, h: x.view(x.size(0), x.size(1), h, x.size(2) // h),
     ),
     Mistake(
         "reshaped straight to (B, num_heads, L, head_dim) without the transpose",
-        "The shape is right but the numbers are scrambled: reshape reads the features of position 0, then "
-        "position 1, ... and cuts them into rows of head_dim, so one 'head' holds pieces of several "
-        "positions. First `view(B, L, num_heads, head_dim)` (features -> heads, per position), then "
+        "The shape is right but the numbers are scrambled: reshape reads the features of position "
+        "0, then "
+        "position 1, ... and cuts them into rows of head_dim, so one 'head' holds pieces of "
+        "several "
+        "positions. First `view(B, L, num_heads, head_dim)` (features -> heads, per position), "
+        "then "
         "`.transpose(1, 2)`. See the reshape picture in the lesson.",
         lambda x, h: x.reshape(x.size(0), h, x.size(1), x.size(2) // h),
     ),
     Mistake(
         "heads take every num_heads-th feature (view(B, L, head_dim, num_heads))",
-        "Head i must get the consecutive features i*head_dim ... (i+1)*head_dim - 1, so the head axis "
+        "Head i must get the consecutive features i*head_dim ... (i+1)*head_dim - 1, so the head "
+        "axis "
         "comes first in the view: `view(B, L, num_heads, head_dim)`, then `.transpose(1, 2)`.",
         lambda x, h: x.view(x.size(0), x.size(1), x.size(2) // h, h).permute(0, 3, 1, 2),
     ),
@@ -173,7 +195,8 @@ def check_split_heads(fn: Callable[[torch.Tensor, int], torch.Tensor]) -> None:
         _compare_any_shape(
             got, reference_split_heads(x, h), (x, h), _SPLIT_MISTAKES, case,
             "split_heads(x, num_heads)",
-            f"Expected (B, num_heads, L, head_dim) with head_dim = d_model // num_heads = {d // h}.",
+            f"Expected (B, num_heads, L, head_dim) with head_dim = d_model // num_heads = "
+            f"{d // h}.",
         )
     passed("check_split_heads", len(cases))
 
@@ -187,9 +210,12 @@ def reference_merge_heads(x: torch.Tensor) -> torch.Tensor:
 _MERGE_MISTAKES = [
     Mistake(
         "heads merged in the wrong order (reshape or view without the transpose)",
-        "Reshaping (or viewing) (B, num_heads, L, head_dim) straight to (B, L, d_model) reads head 0's rows "
-        "first, so output position 0 gets head 0's features of positions 0, 1, ... The shape is right and "
-        "nothing crashes, which is why this bug is silent. First `.transpose(1, 2)` -> (B, L, num_heads, "
+        "Reshaping (or viewing) (B, num_heads, L, head_dim) straight to (B, L, d_model) reads head "
+        "0's rows "
+        "first, so output position 0 gets head 0's features of positions 0, 1, ... The shape is "
+        "right and "
+        "nothing crashes, which is why this bug is silent. First `.transpose(1, 2)` -> (B, L, "
+        "num_heads, "
         "head_dim), then `.reshape(B, L, d_model)` (or `.contiguous().view(B, L, d_model)`).",
         lambda x: x.reshape(x.size(0), x.size(2), x.size(1) * x.size(3)),
     ),
@@ -212,15 +238,19 @@ def check_merge_heads(fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
         x = torch.randn(*shape, generator=g)
         case = f"x {shape}"
         try:
-            got = run_learner(fn, x.clone(), case=case, hint="Read B, num_heads, L, head_dim from x.shape.")
+            got = run_learner(fn, x.clone(), case=case, hint="Read B, num_heads, L, head_dim from "
+                                                             "x.shape.")
         except CheckFailure as failure:
             err = failure.__cause__
             if isinstance(err, RuntimeError) and "view" in str(err) and (
                     "contiguous" in str(err) or "compatible" in str(err)):
                 raise CheckFailure(
-                    f"Likely mistake ({case}): `.view` after `.transpose`. transpose only swaps two strides, so "
-                    "the (L, num_heads) axes you merge no longer lie back to back in memory, and view, which "
-                    f"never copies, cannot merge them (PyTorch: '{str(err).splitlines()[0].split(' (')[0]}'). "
+                    f"Likely mistake ({case}): `.view` after `.transpose`. transpose only swaps "
+                    f"two strides, so "
+                    "the (L, num_heads) axes you merge no longer lie back to back in memory, and "
+                    "view, which "
+                    f"never copies, cannot merge them (PyTorch: "
+                    f"'{str(err).splitlines()[0].split(' (')[0]}'). "
                     "Use `.reshape(...)`, or `.contiguous().view(...)`."
                 ) from None
             raise
@@ -269,7 +299,8 @@ def _variant(
             mask = ~mask
         if mask is not None and mask.dim() in (2, 3):
             mask = mask.unsqueeze(-3)
-        q, k, v = split_fn(ref.q_proj(query)), split_fn(ref.k_proj(key)), split_fn(ref.v_proj(value))
+        q, k = split_fn(ref.q_proj(query)), split_fn(ref.k_proj(key))
+        v = split_fn(ref.v_proj(value))
         # scaled_dot_product_attention divides by sqrt(head_dim); rescale q to get another divisor.
         if scale == "none":
             q = q * math.sqrt(hd)
@@ -284,36 +315,50 @@ def _variant(
 
 def _mha_mistakes(ref: MultiHeadAttention) -> list[Mistake]:
     split_hint = (
-        "Split with `.view(B, L, num_heads, head_dim).transpose(1, 2)` -> (B, num_heads, L, head_dim): the "
-        "transpose puts the head axis before the positions, so that attention runs over positions within each head."
+        "Split with `.view(B, L, num_heads, head_dim).transpose(1, 2)` -> (B, num_heads, L, "
+        "head_dim): the "
+        "transpose puts the head axis before the positions, so that attention runs over positions "
+        "within each head."
     )
     merge_hint = (
-        "Merge with `.transpose(1, 2).reshape(B, L_q, d_model)`: transpose back to (B, L_q, num_heads, head_dim) "
+        "Merge with `.transpose(1, 2).reshape(B, L_q, d_model)`: transpose back to (B, L_q, "
+        "num_heads, head_dim) "
         "before concatenating the heads."
     )
-    out = [Mistake("missing output projection", "Apply `self.out_proj` (W^O) to the concatenated heads; "
-                   "MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O.", _variant(ref, out_proj=False))]
+    out = [Mistake("missing output "
+                   "projection", "Apply `self.out_proj` (W^O) to the concatenated heads; "
+                   "MultiHead(Q, K, V) = Concat(head_1, ..., head_h) "
+                   "W^O.", _variant(ref, out_proj=False))]
     for split in ("straight", "no_transpose"):
         for merge in ("straight", "ok"):
-            out.append(Mistake("heads split without the transpose", split_hint, _variant(ref, split=split, merge=merge)))
+            out.append(Mistake("heads split without the "
+                               "transpose", split_hint, _variant(ref, split=split, merge=merge)))
     out += [
         Mistake("heads merged in the wrong order (no transpose before the reshape)", merge_hint,
                 _variant(ref, merge="straight")),
-        Mistake("mask ignored", "Pass `mask` on to scaled_dot_product_attention (add the head axis first: "
-                "a (B, L_q, L_k) or (L_q, L_k) mask becomes (..., 1, L_q, L_k) with `mask.unsqueeze(-3)`).",
+        Mistake("mask ignored", "Pass `mask` on to scaled_dot_product_attention (add the head axis "
+                                "first: "
+                "a (B, L_q, L_k) or (L_q, L_k) mask becomes (..., 1, L_q, L_k) with "
+                "`mask.unsqueeze(-3)`).",
                 _variant(ref, mask_mode="ignored")),
-        Mistake("mask inverted", "Masks are boolean with True = may attend (course_lib.masks); do not pass `~mask`.",
+        Mistake("mask inverted", "Masks are boolean with True = may attend (course_lib.masks); do "
+                                 "not pass `~mask`.",
                 _variant(ref, mask_mode="inverted")),
         Mistake("no scaling of the scores", "Divide the scores by sqrt(head_dim) (or reuse "
-                "course_lib.scaled_dot_product_attention, which does it).", _variant(ref, scale="none")),
-        Mistake("scaled by sqrt(d_model) instead of sqrt(head_dim)", "Each head's dot products have head_dim "
-                "terms, so divide by sqrt(head_dim) = sqrt(d_model // num_heads), not by sqrt(d_model).",
+                "course_lib.scaled_dot_product_attention, which does "
+                "it).", _variant(ref, scale="none")),
+        Mistake("scaled by sqrt(d_model) instead of "
+                "sqrt(head_dim)", "Each head's dot products have head_dim "
+                "terms, so divide by sqrt(head_dim) = sqrt(d_model // num_heads), not by "
+                "sqrt(d_model).",
                 _variant(ref, scale="d_model")),
     ]
     return out
 
 
-def _build(cls: type[nn.Module], d_model: int, num_heads: int) -> tuple[nn.Module, MultiHeadAttention]:
+def _build(
+    cls: type[nn.Module], d_model: int, num_heads: int
+) -> tuple[nn.Module, MultiHeadAttention]:
     torch.manual_seed(0)
     ref = MultiHeadAttention(d_model, num_heads).eval()
     model = run_learner(cls, d_model, num_heads, case=f"{cls.__name__}({d_model}, {num_heads})",
@@ -321,21 +366,23 @@ def _build(cls: type[nn.Module], d_model: int, num_heads: int) -> tuple[nn.Modul
     without_out_proj = set(ref.state_dict()) - {"out_proj.weight", "out_proj.bias"}
     if isinstance(model, nn.Module) and set(model.state_dict()) == without_out_proj:
         raise CheckFailure(
-            "Likely mistake: missing output projection. Add `self.out_proj = nn.Linear(d_model, d_model)` and "
+            "Likely mistake: missing output projection. Add `self.out_proj = nn.Linear(d_model, "
+            "d_model)` and "
             "apply it to the concatenated heads."
         )
     load_reference_weights(
         model, ref.state_dict(), f"{cls.__name__}({d_model}, {num_heads})",
-        f"Name the four projections q_proj, k_proj, v_proj, out_proj, each nn.Linear(d_model, d_model) = "
+        f"Name the four projections q_proj, k_proj, v_proj, out_proj, each nn.Linear(d_model, "
+        f"d_model) = "
         f"nn.Linear({d_model}, {d_model}), with bias.",
     )
     return model.eval(), ref
 
 
-# A mask in every layout course_lib.MultiHeadAttention accepts. A learner's module may expect any one
-# of them (course_lib's (B, 1, L_k) and (L, L), the Annotated Transformer's 3-D masks that it unsqueezes
-# itself, or 4-D masks handed straight to F.scaled_dot_product_attention): a case passes if the module
-# gives the right output for at least one layout of the same mask.
+# A mask in every layout course_lib.MultiHeadAttention accepts. A learner's module may expect any
+# one of them (course_lib's (B, 1, L_k) and (L, L), the Annotated Transformer's 3-D masks that it
+# unsqueezes itself, or 4-D masks handed straight to F.scaled_dot_product_attention): a case passes
+# if the module gives the right output for at least one layout of the same mask.
 MaskForms = list[tuple[str, torch.Tensor]]
 
 
@@ -366,11 +413,12 @@ def _run_case(
     model: nn.Module, ref: MultiHeadAttention, case: str, query: torch.Tensor, key: torch.Tensor,
     value: torch.Tensor, forms: MaskForms | None, mistakes: Sequence[Mistake],
 ) -> None:
-    """Pass if ``model`` matches ``ref`` for one layout of the mask; else raise the most telling failure."""
+    """Pass if ``model`` matches ``ref`` for one layout of the mask, else raise a failure."""
     failures: list[tuple[bool, CheckFailure]] = []  # (crashed, failure)
     for label, mask in forms or [("", None)]:
         where = f"{case}, mask {label}" if label else case
-        args = (query.clone(), key.clone(), value.clone()) + (() if mask is None else (mask.clone(),))
+        args = (query.clone(), key.clone(), value.clone())
+        args += () if mask is None else (mask.clone(),)
         if mask is not None:
             _takes_mask(model, where, *args)
         with torch.no_grad():
@@ -382,8 +430,10 @@ def _run_case(
                 continue
         try:
             _compare_any_shape(
-                got, expected, (query, key, value, mask), mistakes, where, f"the output for {where}",
-                "The output must have the query's shape (B, L_q, d_model): merge the heads back and apply "
+                got, expected, (query, key, value, mask), mistakes, where, f"the output for "
+                                                                           f"{where}",
+                "The output must have the query's shape (B, L_q, d_model): merge the heads back "
+                "and apply "
                 "out_proj.",
             )
             return
@@ -392,13 +442,15 @@ def _run_case(
     crashed, failure = next((f for f in failures if not f[0]), failures[0])
     if len(failures) > 1:
         tried = ", ".join(label for label, _ in forms or [])
-        raise CheckFailure(f"{failure} (The same mask was also tried as {tried}; no layout worked.)") from (
+        raise CheckFailure(f"{failure} (The same mask was also tried as {tried}; no layout "
+                           f"worked.)") from (
             failure.__cause__)
     raise failure
 
 
 _MHA_CRASH_HINT = (
-    "Check the shapes step by step. A mask from course_lib.masks is (B, 1, L_k) or (L_q, L_k): give it a head "
+    "Check the shapes step by step. A mask from course_lib.masks is (B, 1, L_k) or (L_q, L_k): "
+    "give it a head "
     "axis with `mask.unsqueeze(-3)` so that it broadcasts to the scores (B, num_heads, L_q, L_k)."
 )
 
@@ -406,23 +458,27 @@ _MHA_CRASH_HINT = (
 def _extra_note(
     model: nn.Module, ref: MultiHeadAttention, what: str, query: torch.Tensor, forms: MaskForms,
 ) -> str:
-    """Run one input the exercise did not ask for; return "" if it matches, else a note naming the input."""
+    """Run an input the exercise did not ask for; "" if it matches, else a note naming the input."""
     got: Any = None
     for _, mask in forms:
         with torch.no_grad():
             expected = ref(query, query, query, mask)
             try:
-                got = _first_tensor(model(query.clone(), query.clone(), query.clone(), mask.clone()))
+                got = _first_tensor(model(query.clone(), query.clone(), query.clone(),
+                                          mask.clone()))
             except Exception:  # noqa: BLE001 - any failure on an unasked input only makes a note
                 continue
         if isinstance(got, torch.Tensor) and _close(got, expected, 1e-5):
             return ""
     if isinstance(got, torch.Tensor) and got.shape == expected.shape and torch.isnan(got).any():
-        detail = ("your output holds NaN where course_lib's is finite: softmax over a row that is all -inf is "
+        detail = ("your output holds NaN where course_lib's is finite: softmax over a row that is "
+                  "all -inf is "
                   "0/0 (lesson 01 shows the fix)")
     else:
-        detail = ("your output differs from course_lib's there: course_lib gives a query that may attend to no "
-                  "key zero weights (its output is out_proj's bias), while filling the hidden scores with a finite "
+        detail = ("your output differs from course_lib's there: course_lib gives a query that may "
+                  "attend to no "
+                  "key zero weights (its output is out_proj's bias), while filling the hidden "
+                  "scores with a finite "
                   "number and not zeroing the weights afterwards gives it uniform weights")
     return f" Not asked by the exercise, so not required: with {what}, {detail}."
 
@@ -431,9 +487,10 @@ def _extra_note(
 def check_multi_head_attention(cls: type[nn.Module]) -> None:
     """Check a multi-head attention class ``cls(d_model, num_heads)`` against course_lib's.
 
-    Asked (must pass): self- and cross-attention (L_q != L_k), a padding and a causal mask in any layout
-    course_lib's MultiHeadAttention accepts, and a second size. Not asked (a failure there only adds a
-    note to the success line): a sequence that is all padding, so some queries may attend to no key.
+    Asked (must pass): self- and cross-attention (L_q != L_k), a padding and a causal mask in any
+    layout course_lib's MultiHeadAttention accepts, and a second size. Not asked (a failure there
+    only adds a note to the success line): a sequence that is all padding, so some queries may
+    attend to no key.
     """
     g = torch.Generator().manual_seed(4)
     d_model, h = 16, 4
@@ -459,7 +516,8 @@ def check_multi_head_attention(cls: type[nn.Module]) -> None:
     note = _extra_note(model, ref, "a sequence that is all padding (every key hidden)", x[:, :4],
                        _padding_forms(torch.tensor([[5, 6, 0, 0], [0, 0, 0, 0]])))
     if note:
-        print(f"check_multi_head_attention: all {len(cases) + 1} cases match course_lib's reference. "
+        print(f"check_multi_head_attention: all {len(cases) + 1} cases match course_lib's "
+              f"reference. "
               f"Well done!{note}")
     else:
         passed("check_multi_head_attention", len(cases) + 1)

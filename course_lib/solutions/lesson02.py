@@ -1,4 +1,4 @@
-"""Solutions to lesson 02's exercises (multi-head attention). Show one with show_solution("02.split_heads")."""
+"""Solutions to lesson 02's exercises (multi-head attention): show_solution("02.split_heads")."""
 
 import torch
 from torch import nn
@@ -7,8 +7,9 @@ from course_lib import scaled_dot_product_attention
 
 # %% solution 02.parameters
 def predicted_parameter_counts():
-    # Four projections (W^Q, W^K, W^V of all heads stacked, and W^O), each a 512 x 512 matrix plus a
-    # bias of 512. Eight heads of head_dim 64 stack to the same 512 x 512 matrices as one head of 512.
+    # Four projections (W^Q, W^K, W^V of all heads stacked, and W^O), each a 512 x 512 matrix
+    # plus a bias of 512. Eight heads of head_dim 64 stack to the same 512 x 512 matrices as one
+    # head of width 512.
     one_linear = 512 * 512 + 512
     return (4 * one_linear, 4 * one_linear)  # (1_050_624, 1_050_624)
 

@@ -400,3 +400,16 @@ def test_multi_head_attention_names_mistake(cls, words):
 def test_multi_head_attention_unimplemented_is_friendly(capsys):
     assert check_multi_head_attention(TodoMHA) is None
     assert "`TodoMHA` is not implemented yet" in capsys.readouterr().out
+
+
+class CrashesOnAnyMask(LearnerMHA):
+    def forward(self, query, key, value, mask=None):
+        if mask is not None:
+            raise RuntimeError("The size of tensor a (4) must match the size of tensor b (2)")
+        return super().forward(query, key, value)
+
+
+def test_multi_head_attention_names_the_crash_and_every_mask_layout_tried():
+    with pytest.raises(AssertionError, match=r"raised RuntimeError \(self-attention with a padding mask, mask "
+                                             r"\(B, 1, L_k\)\).*also tried as \(B, 1, L_k\), \(B, 1, 1, L_k\)"):
+        check_multi_head_attention(CrashesOnAnyMask)

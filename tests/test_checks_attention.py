@@ -439,3 +439,17 @@ def test_fixed_attention_stub_prints_not_implemented(capsys):
 
     assert check_fixed_attention(fixed_attention) is None
     assert "`fixed_attention` is not implemented yet" in capsys.readouterr().out
+
+
+def test_lesson_00_quotes_the_real_message():
+    """Lesson 00 quotes this checker's message for a missing scale; the quote must stay true."""
+    from pathlib import Path
+
+    import nbformat
+
+    path = Path(__file__).resolve().parent.parent / "notebooks" / "00_introduction.ipynb"
+    text = next(c.source for c in nbformat.read(path, as_version=4).cells if "AssertionError: Likely" in c.source)
+    quote = " ".join(line[2:] for line in text.splitlines() if line.startswith("> "))
+    with pytest.raises(AssertionError) as error:
+        check_scaled_dot_product_attention(make_attention(scale="none"))
+    assert quote == f"AssertionError: {error.value}"

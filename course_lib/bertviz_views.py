@@ -1,0 +1,266 @@
+"""bertviz's interactive views, drawn offline: drop-in `head_view`, `model_view`, `neuron_view`.
+
+bertviz (the package) draws with JavaScript that fetches require.js, d3 5.7.0 and jQuery from a CDN
+when the view is displayed, so without a network its views stay blank. This module runs bertviz's
+own Python and JavaScript unchanged, but hands the JavaScript d3 and jQuery from files that pip
+installed (``requirements-js.txt``: d3 5.7.0 ships in the ``mpld3`` wheel, jQuery 3.7.1 in
+``xstatic-jquery``), each checked against its sha256 below. Nothing is fetched when a view draws.
+
+Each view becomes two outputs:
+
+* ``text/html``: bertviz's container, a note "run this cell to see the interactive view" that the
+  drawing replaces, and the two libraries inline (so a view also draws in an exported HTML page
+  opened offline, and in Colab, which shows every cell's outputs in a frame of its own);
+* ``application/javascript``: bertviz's view code with its data. ``require``/``requirejs`` are bound
+  to a resolver that returns the inline libraries, so no loader and no globals are needed.
+
+If the libraries are missing or their checksum differs, every function falls back to bertviz as
+shipped (which works with a network). Same signatures as bertviz's functions::
+
+    from course_lib.bertviz_views import head_view, model_view   # instead of: from bertviz import ...
+    show_neuron_view("the cat sat on the mat", layer=2, head=0)    # MiniLM's queries and keys
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import html
+import importlib
+import inspect
+import re
+from importlib import metadata
+
+from IPython.display import HTML, display
+
+__all__ = [
+    "head_view",
+    "model_view",
+    "neuron_view",
+    "show_neuron_view",
+    "load_neuron_view_model",
+    "vendored_libraries",
+    "VENDORED",
+    "PLACEHOLDER",
+]
+
+# (distribution, file inside it, sha256 of that file). Pinned with their wheels' hashes in
+# requirements-js.txt; bertviz's JavaScript asks for d3 5.7.0, which is exactly the file below.
+VENDORED = {
+    "d3": ("mpld3", "mpld3/js/d3.v5.min.js",
+           "bdad5585ef9a965ff25458738309b006058c55f2c78d794d25fbecae35014609"),
+    "jquery": ("xstatic-jquery", "xstatic/pkg/jquery/data/jquery.slim.min.js",
+               "9261efb3407e3a9096e4654750d8eff6b3a663422f48845c7fbcc65034c340cf"),
+}
+
+PLACEHOLDER = (
+    "Interactive bertviz view: run this cell to see the interactive view. (Stored JavaScript does "
+    "not run on GitHub or in a notebook Jupyter does not trust; a static picture of the same "
+    "weights follows in the lesson.)"
+)
+
+_SCRIPT_OPEN = '\n<script type="text/javascript">\n'  # how bertviz 1.4 joins HTML and JavaScript
+_SCRIPT_CLOSE = "\n</script>\n"
+
+
+@functools.lru_cache(maxsize=None)
+def vendored_libraries() -> dict[str, str] | None:
+    """The source of d3 and jQuery, keyed like bertviz's require names; None if one is missing.
+
+    A file whose sha256 differs from the pinned one counts as missing (then bertviz's CDN is used).
+    """
+    sources = {}
+    for name, (distribution, path, sha256) in VENDORED.items():
+        try:
+            data = metadata.distribution(distribution).locate_file(path).read_bytes()
+        except (metadata.PackageNotFoundError, OSError):
+            return None
+        if hashlib.sha256(data).hexdigest() != sha256:
+            return None
+        sources[name] = data.decode("utf-8")
+    return sources
+
+
+def _script_safe(code: str) -> str:
+    """JavaScript that can sit inside <script>...</script> (no early "</script>")."""
+    return re.sub(r"</(script)", r"<\\/\1", code, flags=re.IGNORECASE)
+
+
+def _libraries_html(libs: dict[str, str]) -> str:
+    """A <script> that evaluates d3 and jQuery once per page, without touching page globals.
+
+    d3's UMD header assigns to `this.d3`, so it runs with `this` = a private object; jQuery sees a
+    CommonJS `module` and returns itself instead of setting window.$; `define` is hidden from both.
+    """
+    return (
+        "<script>\n(function () {\n"
+        "  if (window.__courseBertvizLibs) { return; }\n"
+        "  var holder = {}, jq = {exports: {}};\n"
+        "  (function (exports, module, define) {\n"
+        f"{_script_safe(libs['d3'])}\n"
+        "  }).call(holder, undefined, undefined, undefined);\n"
+        "  (function (module, define) {\n"
+        f"{_script_safe(libs['jquery'])}\n"
+        "  }).call(window, jq, undefined);\n"
+        "  window.__courseBertvizLibs = {d3: holder.d3, jquery: jq.exports};\n"
+        "})();\n</script>\n"
+    )
+
+
+def _view_js(root_id: str, vis_js: str) -> str:
+    """bertviz's view code, run with `require`/`requirejs` resolving to the inline libraries."""
+    return (
+        "(function () {\n"
+        "  var tries = 0;\n"
+        "  function draw() {\n"
+        "    var libs = window.__courseBertvizLibs;\n"
+        f"    if (!libs || !document.getElementById('{root_id}')) {{\n"
+        "      // Jupyter may run this before it attaches the view's container to the page.\n"
+        "      if (tries++ < 200) { setTimeout(draw, 50); }\n"
+        "      else { console.error('course_lib.bertviz_views: no d3/jQuery or no container'); }\n"
+        "      return;\n"
+        "    }\n"
+        "    var resolve = function (names, callback) {\n"
+        "      callback.apply(null, names.map(function (name) { return libs[name]; }));\n"
+        "    };\n"
+        "    resolve.config = function () {};\n"
+        f"    var note = document.querySelector('#{root_id} .course-bertviz-note');\n"
+        "    if (note) { note.remove(); }\n"
+        "    (function (require, requirejs) {\n"
+        f"{_script_safe(vis_js)}\n"
+        "    }).call(window, resolve, resolve);\n"
+        "  }\n"
+        "  draw();\n"
+        "})();\n"
+    )
+
+
+def _split_bertviz_html(page: str) -> tuple[str, str] | None:
+    """bertviz's html_action='return' page -> (container HTML, JavaScript); None if unexpected."""
+    if not page.startswith("<script src=") or _SCRIPT_OPEN not in page:
+        return None
+    page = page[page.index("</script>") + len("</script>"):]  # drop the CDN require.js tag
+    container, *scripts = page.split(_SCRIPT_OPEN)
+    if not scripts or not all(s.endswith(_SCRIPT_CLOSE) for s in scripts):
+        return None
+    return container, "\n".join(s[: -len(_SCRIPT_CLOSE)] for s in scripts)
+
+
+def _root_id(container: str) -> str | None:
+    start = container.find("bertviz-")
+    if start < 0:
+        return None
+    end = start + len("bertviz-")
+    while end < len(container) and container[end] in "0123456789abcdef":
+        end += 1
+    return container[start:end]
+
+
+def _with_note(container: str) -> str:
+    note = f'<p class="course-bertviz-note" style="color:#555">{html.escape(PLACEHOLDER)}</p>'
+    for vis in ("<div id='vis'></div>", '<div id="vis"></div>'):
+        if vis in container:
+            return container.replace(vis, vis[:-6] + note + "</div>", 1)
+    return container + note
+
+
+def _offline(bertviz_function, args, kwargs):
+    """Run `bertviz_function` with html_action='return' and display its view offline."""
+    bound = inspect.signature(bertviz_function).bind(*args, **kwargs)
+    bound.apply_defaults()
+    action = bound.arguments["html_action"]
+    libs = vendored_libraries()
+    if libs is None or action not in ("view", "return"):
+        return bertviz_function(*args, **kwargs)  # bertviz as shipped: CDN, and its own errors
+    bound.arguments["html_action"] = "return"
+    parts = _split_bertviz_html(bertviz_function(*bound.args, **bound.kwargs).data)
+    root_id = parts and _root_id(parts[0])
+    if not root_id:
+        return bertviz_function(*args, **kwargs)
+    container, vis_js = parts
+    head = _with_note(container) + _libraries_html(libs)
+    code = _view_js(root_id, vis_js)
+    if action == "return":
+        return HTML(head + "<script>\n" + code + "</script>\n")
+    display(HTML(head))
+    # text/plain is what Jupyter shows for this output where it may not run JavaScript.
+    display({"application/javascript": code, "text/plain": ""}, raw=True)
+    return None
+
+
+def _bertviz(name):
+    """bertviz's own function (imported late: importing bertviz takes a moment)."""
+    module, function = {
+        "head_view": ("bertviz.head_view", "head_view"),
+        "model_view": ("bertviz.model_view", "model_view"),
+        "neuron_view": ("bertviz.neuron_view", "show"),
+    }[name]
+    return getattr(importlib.import_module(module), function)
+
+
+def _same_signature(name):
+    """Give the wrapper bertviz's signature and docstring (help() shows bertviz's arguments)."""
+
+    def decorate(wrapper):
+        try:
+            functools.update_wrapper(wrapper, _bertviz(name), assigned=("__doc__",))
+            wrapper.__signature__ = inspect.signature(_bertviz(name))
+        except ImportError:
+            pass
+        return wrapper
+
+    return decorate
+
+
+@_same_signature("head_view")
+def head_view(*args, **kwargs):
+    return _offline(_bertviz("head_view"), args, kwargs)
+
+
+@_same_signature("model_view")
+def model_view(*args, **kwargs):
+    return _offline(_bertviz("model_view"), args, kwargs)
+
+
+@_same_signature("neuron_view")
+def neuron_view(*args, **kwargs):
+    """bertviz.neuron_view.show(model, model_type, tokenizer, sentence_a, ...), drawn offline."""
+    return _offline(_bertviz("neuron_view"), args, kwargs)
+
+
+@functools.lru_cache(maxsize=1)
+def load_neuron_view_model():
+    """MiniLM in bertviz's neuron-view classes (they return queries and keys), from the package.
+
+    bertviz's ``transformers_neuron_view.BertModel`` would download its weights by name; we build
+    it from the packaged config and load the packaged (sha256-checked) safetensors instead.
+    Returns ``(model, tokenizer)``, the model in eval mode.
+    """
+    from bertviz.transformers_neuron_view import BertConfig, BertModel, BertTokenizer
+    from safetensors.torch import load_file
+
+    from .pretrained import minilm_path
+
+    folder = minilm_path()  # checks the sha256 of model.safetensors
+    config = BertConfig.from_json_file(str(folder / "config.json"))
+    config.output_attentions = True
+    model = BertModel(config)
+    state = load_file(str(folder / "model.safetensors"))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if missing or set(unexpected) - {"embeddings.position_ids"}:
+        raise ValueError(f"MiniLM does not fit bertviz's BertModel: missing {missing}, "
+                         f"unexpected {unexpected}")
+    tokenizer = BertTokenizer(str(folder / "vocab.txt"), do_lower_case=True)
+    return model.eval(), tokenizer
+
+
+def show_neuron_view(sentence_a: str, sentence_b: str | None = None, layer: int = 0,
+                     head: int = 0, display_mode: str = "light", html_action: str = "view"):
+    """bertviz's neuron view of MiniLM: query, key, q x k, q . k and softmax for one head.
+
+    Offline: the weights come from the packaged model (see ``course_lib.pretrained``).
+    """
+    model, tokenizer = load_neuron_view_model()
+    return neuron_view(model, "bert", tokenizer, sentence_a, sentence_b,
+                       display_mode=display_mode, layer=layer, head=head, html_action=html_action)
+

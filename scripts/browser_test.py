@@ -1,0 +1,316 @@
+"""Check every lesson in a real browser: JupyterLab and the exported HTML, in headless Chromium.
+
+    python scripts/browser_test.py notebooks/*.ipynb        (`make test-browser`)
+
+Two passes, both offline (the pages get no network):
+
+1. **JupyterLab.** Serves JupyterLab of this environment on 127.0.0.1 from a throw-away copy of the
+   lessons (build/browser/lab/notebooks: no images/ folder beside it, as for a lesson opened on its
+   own), trusted in a throw-away Jupyter data folder, and opens each lesson. Opening the *stored*
+   outputs trusted runs their JavaScript exactly as running the cell does (Jupyter renders the same
+   output through the same renderer), and `make test` has already re-run every lesson with strict
+   nbval, which fails on an error and on any output that differs from the stored one. So this pass
+   checks what only a browser can see, in about a minute instead of re-running every lesson.
+2. **Exported HTML** (nbconvert, the lab template: what a learner, GitHub-like viewer or a course
+   page shows from the stored notebook), opened from file:// with the network off.
+
+Fails on: an error output, a JavaScript error, an image that does not load, a bertviz view that
+draws no SVG with token labels, and (JupyterLab) math left as raw TeX. Screenshots of each lesson
+(its top and every bertviz view) go to build/screenshots/ (git-ignored).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import nbformat
+from nbconvert import HTMLExporter
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cdp import Browser, Page  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+BUILD = ROOT / "build" / "browser"
+SHOTS = ROOT / "build" / "screenshots"
+
+# Evaluated in the page: everything the checks need, as JSON-able values.
+INSPECT_JS = r"""
+(() => {
+  const scope = document.querySelector(SCOPE) || document.body;
+  const short = s => (s || '').slice(0, 120);
+  const images = Array.from(scope.querySelectorAll('img'))
+    .filter(img => !(img.complete && img.naturalWidth > 0))
+    .map(img => short(img.getAttribute('src')));
+  const views = Array.from(scope.querySelectorAll('div[id^="bertviz-"]')).map(div => ({
+    id: div.id.slice(0, 16),
+    labels: div.querySelectorAll('svg text').length,
+    note: !!div.querySelector('.course-bertviz-note'),
+  }));
+  const tex = [];
+  for (const md of scope.querySelectorAll(MARKDOWN)) {
+    const copy = md.cloneNode(true);
+    copy.querySelectorAll('code, pre, mjx-container, .MathJax, script, style, mjx-assistive-mml')
+      .forEach(node => node.remove());
+    const text = copy.textContent;
+    const match = text.match(/\$[^$\n]+\$|\\\(|\\\[|\\(frac|sqrt|mathrm|mathbf|text|cdot|sum|top|begin)\b/);
+    if (match) {
+      const at = Math.max(0, match.index - 40);
+      tex.push(text.slice(at, match.index + 60).replace(/\s+/g, ' '));
+    }
+  }
+  const jsErrors = Array.from(scope.querySelectorAll('.jp-OutputArea-output'))
+    .map(o => o.textContent)
+    .filter(t => /Javascript Error|require is not defined/.test(t))
+    .map(short);
+  const tracebacks = Array.from(scope.querySelectorAll(
+      '.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]'))
+    .map(o => o.textContent).filter(t => /Traceback|Error:/.test(t)).map(short);
+  return {images, views, tex, jsErrors, tracebacks,
+          cells: scope.querySelectorAll('.jp-Cell').length};
+})()
+"""
+
+
+def inspect(page: Page, scope: str, markdown: str) -> dict:
+    code = INSPECT_JS.replace("SCOPE", json.dumps(scope)).replace("MARKDOWN", json.dumps(markdown))
+    return page.evaluate(code)
+
+
+def stored_problems(path: Path) -> tuple[list[str], list[str]]:
+    """Error outputs (failures) and stderr streams (warnings: JupyterLab shows them in pink)."""
+    nb = nbformat.read(path, as_version=4)
+    errors, warnings = [], []
+    for index, cell in enumerate(nb.cells):
+        for output in cell.get("outputs", []):
+            if output.output_type == "error":
+                errors.append(f"cell {index}: stored error output {output.ename}: {output.evalue}")
+            elif output.output_type == "stream" and output.name == "stderr":
+                warnings.append(f"cell {index}: stderr output: {output.text.strip()[:80]!r}")
+    return errors, warnings
+
+
+def problems_from(report: dict, js_errors: list[str], expect_cells: int | None) -> list[str]:
+    found = [f"image does not load: {src}" for src in report["images"]]
+    for view in report["views"]:
+        if view["labels"] == 0 or view["note"]:
+            found.append(f"bertviz view {view['id']} drew nothing")
+    found += [f"raw TeX: ...{snippet}..." for snippet in report["tex"]]
+    found += [f"JavaScript error in an output: {text}" for text in report["jsErrors"]]
+    found += [f"error output: {text}" for text in report["tracebacks"]]
+    found += [f"JavaScript error: {text}" for text in js_errors]
+    if expect_cells is not None and report["cells"] != expect_cells:
+        found.append(f"{report['cells']} cells rendered, expected {expect_cells}")
+    return found
+
+
+def screenshots(page: Page, stem: str, folder: Path, scroll_top_js: str) -> list[Path]:
+    """The top of the lesson, then every bertviz view scrolled into view."""
+    shots = []
+    page.evaluate(scroll_top_js)
+    time.sleep(0.5)
+    shots.append(folder / f"{stem}.png")
+    page.screenshot(shots[-1])
+    count = page.evaluate("document.querySelectorAll('div[id^=\"bertviz-\"]').length")
+    for k in range(count):
+        page.evaluate(f"document.querySelectorAll('div[id^=\"bertviz-\"]')[{k}]"
+                      ".scrollIntoView({block: 'start'})")
+        time.sleep(0.5)
+        shots.append(folder / f"{stem}-bertviz-{k + 1}.png")
+        page.screenshot(shots[-1])
+    return shots
+
+
+# ----------------------------------------------------------------------------------------------
+# Pass 1: JupyterLab
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def jupyter_env(base: Path) -> dict:
+    env = dict(os.environ)
+    for name, sub in (("JUPYTER_CONFIG_DIR", "config"), ("JUPYTER_DATA_DIR", "data"),
+                      ("JUPYTER_RUNTIME_DIR", "runtime"), ("JUPYTERLAB_SETTINGS_DIR", "settings"),
+                      ("JUPYTERLAB_WORKSPACES_DIR", "workspaces")):
+        env[name] = str(base / sub)
+        (base / sub).mkdir(parents=True, exist_ok=True)
+    env["HF_HUB_OFFLINE"] = "1"
+    # No news and no update check: nothing in the page goes to the internet.
+    settings = base / "settings" / "@jupyterlab" / "apputils-extension"
+    settings.mkdir(parents=True, exist_ok=True)
+    (settings / "notification.jupyterlab-settings").write_text(
+        json.dumps({"fetchNews": "false", "checkForUpdates": False}))
+    return env
+
+
+class Lab:
+    def __init__(self, root: Path, env: dict):
+        self.port = free_port()
+        self.log = open(BUILD / "jupyterlab.log", "w")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ip=127.0.0.1",
+             f"--port={self.port}", f"--ServerApp.root_dir={root}",
+             "--IdentityProvider.token=", "--ServerApp.password=",
+             "--ServerApp.disable_check_xsrf=True", "--LabApp.news_url=None",
+             *(["--allow-root"] if os.geteuid() == 0 else [])],  # CI runs as root
+            env=env, stdout=self.log, stderr=subprocess.STDOUT, cwd=root)
+        self.url = f"http://127.0.0.1:{self.port}"
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"JupyterLab exited; see {BUILD / 'jupyterlab.log'}")
+            try:
+                urllib.request.urlopen(f"{self.url}/api/status", timeout=2).close()
+                return
+            except OSError:
+                time.sleep(0.5)
+        raise RuntimeError("JupyterLab did not answer within 120 s")
+
+    def shutdown_kernels(self):
+        with urllib.request.urlopen(f"{self.url}/api/sessions", timeout=10) as response:
+            sessions = json.load(response)
+        for session in sessions:
+            request = urllib.request.Request(f"{self.url}/api/sessions/{session['id']}",
+                                             method="DELETE")
+            urllib.request.urlopen(request, timeout=30).close()
+
+    def close(self):
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+        self.log.close()
+
+
+LAB_SCROLL_TOP = ("(document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-WindowedPanel-outer')"
+                  " || document.scrollingElement).scrollTop = 0")
+
+
+def check_in_lab(paths: list[Path], browser: Browser) -> dict[str, list[str]]:
+    lab_root = BUILD / "lab"
+    shutil.rmtree(lab_root, ignore_errors=True)
+    (lab_root / "notebooks").mkdir(parents=True)
+    env = jupyter_env(BUILD / "jupyter")
+    for path in paths:
+        shutil.copy(path, lab_root / "notebooks" / path.name)
+    subprocess.run([sys.executable, "-m", "jupyter", "trust",
+                    *[str(lab_root / "notebooks" / p.name) for p in paths]],
+                   env=env, check=True, capture_output=True)
+    results = {}
+    lab = Lab(lab_root, env)
+    try:
+        for path in paths:
+            cells = len(nbformat.read(path, as_version=4).cells)
+            page = browser.new_page()
+            try:
+                page.navigate(f"{lab.url}/lab/tree/notebooks/{path.name}?reset", timeout=120)
+                scope = ".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook"
+                rendered = page.wait_for(
+                    f"document.querySelectorAll('{scope} .jp-Cell').length === {cells}", 120)
+                # Images, math and bertviz views settle after the cells appear.
+                settled = INSPECT_JS.replace("SCOPE", json.dumps(scope)).replace(
+                    "MARKDOWN", json.dumps(".jp-RenderedMarkdown"))
+                page.wait_for(f"(r => !r.images.length && !r.tex.length && "
+                              f"r.views.every(v => v.labels > 0))({settled})", 60)
+                time.sleep(1)
+                report = inspect(page, scope, ".jp-RenderedMarkdown")
+                found = problems_from(report, lab_errors(page), cells)
+                if not rendered:
+                    found.append("the notebook did not finish rendering within 120 s")
+                screenshots(page, path.stem, SHOTS, LAB_SCROLL_TOP)
+                results[path.name] = found
+            finally:
+                page.close()
+                lab.shutdown_kernels()
+    finally:
+        lab.close()
+    return results
+
+
+def lab_errors(page: Page) -> list[str]:
+    """JavaScript errors, without JupyterLab's own complaints about having no network."""
+    ignore = ("Failed to fetch", "ERR_INTERNET_DISCONNECTED", "net::", "NetworkError")
+    return [e for e in page.javascript_errors() if not any(word in e for word in ignore)]
+
+
+# ----------------------------------------------------------------------------------------------
+# Pass 2: exported HTML
+
+
+def check_export(paths: list[Path], browser: Browser) -> dict[str, list[str]]:
+    folder = BUILD / "export"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    exporter = HTMLExporter(template_name="lab")
+    results = {}
+    for path in paths:
+        body, _ = exporter.from_notebook_node(nbformat.read(path, as_version=4))
+        html_path = folder / f"{path.stem}.html"
+        html_path.write_text(body, encoding="utf-8")
+        page = browser.new_page()
+        try:
+            page.navigate(html_path.as_uri(), timeout=120)
+            page.wait_for("Array.from(document.querySelectorAll('div[id^=\"bertviz-\"]'))"
+                          ".every(d => d.querySelectorAll('svg text').length > 0)", 30)
+            page.wait_for("Array.from(document.images).every(i => i.complete)", 30)
+            report = inspect(page, "body", ".jp-MarkdownOutput")
+            report["tex"] = []  # nbconvert's page loads MathJax from a CDN: offline, no math
+            errors = [e for e in page.javascript_errors() if "MathJax" not in e]
+            results[path.name] = problems_from(report, errors, None)
+            screenshots(page, path.stem, SHOTS / "export", "window.scrollTo(0, 0)")
+        finally:
+            page.close()
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("notebooks", nargs="+", type=Path)
+    parser.add_argument("--skip-lab", action="store_true", help="only the exported HTML")
+    parser.add_argument("--skip-export", action="store_true", help="only JupyterLab")
+    args = parser.parse_args(argv)
+    paths = sorted(p.resolve() for p in args.notebooks)
+    BUILD.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(SHOTS, ignore_errors=True)
+    started = time.time()
+    outcome = {}  # (pass, notebook) -> passed?
+    for path in paths:
+        errors, warnings = stored_problems(path)
+        for message in warnings:
+            print(f"  note {path.name}: {message}")
+        for message in errors:
+            print(f"FAIL stored outputs {path.name}: {message}")
+        outcome[("stored outputs", path.name)] = not errors
+    with Browser(offline=True) as browser:
+        passes = []
+        if not args.skip_lab:
+            passes.append(("JupyterLab", check_in_lab))
+        if not args.skip_export:
+            passes.append(("exported HTML", check_export))
+        for name, check in passes:
+            for notebook, found in check(paths, browser).items():
+                for message in found:
+                    print(f"FAIL {name} {notebook}: {message}")
+                if not found:
+                    print(f"ok   {name} {notebook}")
+                outcome[(name, notebook)] = not found
+    print(f"screenshots: {SHOTS.relative_to(ROOT)}/ ({time.time() - started:.0f} s)")
+    passed = sum(outcome.values())
+    print(f"{passed} passed, {len(outcome) - passed} failed")
+    return 0 if passed == len(outcome) else 1
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from _helpers import passes
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from course_lib.checks import (
@@ -61,6 +62,17 @@ def test_pe_correct_loop_and_vectorized_pass(capsys):
     assert passes(check_positional_encoding, make_pe())
     assert "check_positional_encoding: all 7 cases match" in capsys.readouterr().out
     assert passes(check_positional_encoding, vectorized_pe)
+
+
+def interleaved_pe(max_len, d_model):
+    # outer product for the angles, sin/cos interleaved by stack + flatten, trimmed for an odd d_model
+    omega = 10000.0 ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
+    angles = torch.outer(torch.arange(max_len, dtype=torch.float64), omega)
+    return torch.stack([angles.sin(), angles.cos()], dim=-1).flatten(1)[:, :d_model]
+
+
+def test_pe_interleaved_outer_product_passes():
+    assert passes(check_positional_encoding, interleaved_pe)
 
 
 def test_pe_float64_output_accepted():
@@ -365,6 +377,31 @@ def bert_layer(variant="right"):
 def test_embedding_layer_correct_passes(capsys):
     assert passes(check_embedding_layer, bert_layer())
     assert "check_embedding_layer: all 6 cases match" in capsys.readouterr().out
+
+
+def test_embedding_layer_other_correct_styles_pass():
+    class SlicedTable(nn.Module):
+        # positions by slicing the table's weight, functional dropout with the module's own rate
+        def __init__(self, vocab_size, d_model, max_len, dropout):
+            super().__init__()
+            self.token = nn.Embedding(vocab_size, d_model)
+            self.position = nn.Embedding(max_len, d_model)
+            self.norm = nn.LayerNorm(d_model)
+            self.p = dropout
+
+        def forward(self, ids):
+            x = self.token(ids) + self.position.weight[: ids.size(1)]
+            return F.dropout(self.norm(x), self.p, self.training)
+
+    class BatchedPositions(bert_layer()):
+        # position ids of shape (B, L), as Hugging Face builds them
+        def forward(self, ids):
+            B, L = ids.shape
+            positions = torch.arange(L, device=ids.device).unsqueeze(0).expand(B, L)
+            return self.dropout(self.norm(self.token(ids) + self.position(positions)))
+
+    assert passes(check_embedding_layer, SlicedTable)
+    assert passes(check_embedding_layer, BatchedPositions)
 
 
 @pytest.mark.parametrize(

@@ -7,8 +7,14 @@ from _helpers import passes
 import torch
 from torch import nn
 
-from course_lib import DecoderLayer, causal_mask, decoder_self_attention_mask, padding_mask
-from course_lib.checks import check_decoder_layer, check_decoder_masks
+import torch.nn.functional as F
+
+from course_lib import DecoderLayer, Transformer, causal_mask, decoder_self_attention_mask, padding_mask
+from course_lib.checks import (
+    check_cross_attention_shapes, check_decoder_layer, check_decoder_masks, check_nan_positions,
+    check_next_word_logits,
+)
+from course_lib.solutions.lesson05 import next_word_logits
 
 # ---------------------------------------------------------------------------------------------
 # check_decoder_masks
@@ -218,3 +224,167 @@ def test_check_decoder_layer_reports_a_crash_in_forward():
 
     with pytest.raises(AssertionError, match=r"Your code raised ValueError \(.*memory \(2, 5, 16\)\)"):
         check_decoder_layer(Crashes)
+
+
+class _FusedAttention(nn.Module):
+    """course_lib's parameter names around PyTorch's fused kernel; takes 4-D masks only."""
+
+    def __init__(self, d_model, num_heads):
+        super().__init__()
+        self.h = num_heads
+        self.q_proj, self.k_proj, self.v_proj, self.out_proj = (nn.Linear(d_model, d_model) for _ in range(4))
+
+    def forward(self, q, k, v, mask=None):
+        if mask is not None and mask.dim() != 4:
+            raise ValueError(f"mask must be 4-D, got {tuple(mask.shape)}")
+        B, L_q, d = q.shape
+
+        def split(t):  # (B, L, d) -> (B, h, L, d / h)
+            return t.view(B, -1, self.h, d // self.h).transpose(1, 2)
+
+        out = F.scaled_dot_product_attention(split(self.q_proj(q)), split(self.k_proj(k)),
+                                             split(self.v_proj(v)), attn_mask=mask)
+        return self.out_proj(out.transpose(1, 2).reshape(B, L_q, d))
+
+
+class FusedDecoderLayer(IndependentDecoderLayer):
+    """A correct decoder layer in another style: fused attention that only accepts 4-D masks."""
+
+    def __init__(self, d_model, num_heads, d_ff, dropout=0.0):
+        super().__init__(d_model, num_heads, d_ff, dropout)
+        self.self_attn = _FusedAttention(d_model, num_heads)
+        self.cross_attn = _FusedAttention(d_model, num_heads)
+
+
+def test_check_decoder_layer_passes_fused_attention_with_4d_masks():
+    assert passes(check_decoder_layer, FusedDecoderLayer)
+
+
+# ---------------------------------------------------------------------------------------------
+# check_cross_attention_shapes (Predict)
+# ---------------------------------------------------------------------------------------------
+
+
+def test_cross_attention_shapes_pass(capsys):
+    assert passes(check_cross_attention_shapes, lambda: ((2, 5, 32), (2, 4, 5, 6)))
+    assert "check_cross_attention_shapes: right" in capsys.readouterr().out
+    # other forms: lists, torch.Size
+    assert passes(check_cross_attention_shapes, lambda: [[2, 5, 32], torch.Size([2, 4, 5, 6])])
+
+
+@pytest.mark.parametrize(
+    "answer, words",
+    [
+        (((2, 6, 32), (2, 4, 5, 6)), "one vector per QUERY"),
+        (((2, 4, 5, 8), (2, 4, 5, 6)), "before merge_heads"),
+        (((2, 5, 32), (2, 4, 6, 5)), "rows are queries"),
+        (((2, 5, 32), (2, 5, 6)), "there is a head axis"),
+        (((2, 5, 32), (2, 4, 5, 5)), "cross-attention is rectangular"),
+        (((2, 5, 32), (1, 2)), "expected \\(B, num_heads, L_q, L_k\\)"),
+        (((2, 5), (2, 4, 5, 6)), "expected \\(B, L_t, d_model\\)"),
+        ((2, 5, 32), "Return two shapes"),
+        ((("a", 5, 32), (2, 4, 5, 6)), "a tuple of ints"),
+    ],
+)
+def test_cross_attention_shapes_mistakes(answer, words):
+    with pytest.raises(AssertionError, match=words):
+        check_cross_attention_shapes(lambda: answer)
+
+
+def test_cross_attention_shapes_unimplemented(capsys):
+    def predicted_cross_attention_shapes():
+        raise NotImplementedError
+
+    assert check_cross_attention_shapes(predicted_cross_attention_shapes) is None
+    assert "is not implemented yet" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------------------------------------
+# check_nan_positions (Predict)
+# ---------------------------------------------------------------------------------------------
+
+
+def test_nan_positions_pass(capsys):
+    assert passes(check_nan_positions, lambda: [4])
+    assert "check_nan_positions: right, only position 4" in capsys.readouterr().out
+    assert passes(check_nan_positions, lambda: torch.tensor([4]))  # another form
+    assert passes(check_nan_positions, lambda: (4,))
+
+
+@pytest.mark.parametrize(
+    "answer, words",
+    [
+        ([], "Not every library turns a row"),
+        ([0], "You read the mask in our convention"),
+        ([0, 1, 2, 3, 4], "does not spread"),
+        ([3, 4], "list the keys it may still see"),
+        ("last", "Return a list of positions"),
+    ],
+)
+def test_nan_positions_mistakes(answer, words):
+    with pytest.raises(AssertionError, match=words):
+        check_nan_positions(lambda: answer)
+
+
+def test_nan_positions_unimplemented(capsys):
+    def predicted_nan_positions():
+        raise NotImplementedError
+
+    assert check_nan_positions(predicted_nan_positions) is None
+    assert "is not implemented yet" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------------------------------------
+# check_next_word_logits (Debug)
+# ---------------------------------------------------------------------------------------------
+
+
+def _masked(model, src, tgt):
+    return padding_mask(src, model.config.pad_id)
+
+
+def test_next_word_logits_passes(capsys):
+    assert passes(check_next_word_logits, next_word_logits)
+    assert "check_next_word_logits: all 3 cases match" in capsys.readouterr().out
+    # other correct styles: the forward pass itself, or explicit keyword masks
+    assert passes(check_next_word_logits, lambda model, src, tgt: model(src, tgt)[:, -1])
+
+    def with_keywords(model, src, tgt):
+        src_mask = _masked(model, src, tgt)
+        memory = model.encode(src, src_mask=src_mask)
+        return model.generator(model.decode(tgt, memory, src_mask=src_mask))[:, -1]
+
+    assert passes(check_next_word_logits, with_keywords)
+
+
+def _no_mask_in_decode(model, src, tgt):
+    memory = model.encode(src, _masked(model, src, tgt))
+    return model.generator(model.decode(tgt, memory)[:, -1])
+
+
+def _no_mask_at_all(model, src, tgt):
+    memory = model.encode(src, torch.ones_like(_masked(model, src, tgt)))
+    return model.generator(model.decode(tgt, memory)[:, -1])
+
+
+@pytest.mark.parametrize(
+    "fn, words",
+    [
+        (_no_mask_in_decode, r"\(padded sources\): the source mask is missing in decode"),
+        (_no_mask_at_all, "the source mask is missing in encode and in decode"),
+        (lambda model, src, tgt: model(src, tgt)[:, 0], "first position instead of the last"),
+        (lambda model, src, tgt: model(src, tgt)[:, -1].softmax(-1), "softmax applied"),
+        (lambda model, src, tgt: model(src, tgt), "Wrong output shape"),
+    ],
+)
+def test_next_word_logits_mistakes(fn, words):
+    with pytest.raises(AssertionError, match=words):
+        check_next_word_logits(fn)
+
+
+def test_next_word_logits_unimplemented(capsys):
+    def next_word_logits(model, src, tgt):
+        raise NotImplementedError
+
+    assert check_next_word_logits(next_word_logits) is None
+    assert "is not implemented yet" in capsys.readouterr().out

@@ -1,4 +1,5 @@
-"""Checkers for the exercises of lesson 05 (the decoder): the decoder's mask and the decoder layer."""
+"""Checkers for the exercises of lesson 05 (the decoder): the decoder's mask, the decoder layer, two
+predictions (cross-attention shapes, where PyTorch returns NaN) and the next-word function to debug."""
 
 from __future__ import annotations
 
@@ -8,13 +9,18 @@ import torch
 from torch import nn
 
 from ..layers import DecoderLayer
-from ..masks import decoder_self_attention_mask, padding_mask
+from ..attention import MultiHeadAttention
+from ..model import Transformer, TransformerConfig
+from ..masks import causal_mask, decoder_self_attention_mask, padding_mask
 from ._common import (
     CheckFailure, Mistake, broadcasts_to, checker, compare, expect_bool_mask, expect_shape, load_reference_weights,
     passed, run_learner,
 )
 
-__all__ = ["check_decoder_masks", "check_decoder_layer"]
+__all__ = [
+    "check_decoder_masks", "check_decoder_layer", "check_cross_attention_shapes", "check_nan_positions",
+    "check_next_word_logits",
+]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -234,6 +240,26 @@ def _layer_cases() -> list[tuple[str, int, int, int]]:
     ]
 
 
+def _run_layer(mine: nn.Module, x: torch.Tensor, memory: torch.Tensor, tgt_mask, memory_mask, case: str):
+    """Run the learner's layer; if the 3-D masks make it crash, try them as 4-D (B, 1, L_q, L_k).
+
+    Any mask rank ``MultiHeadAttention`` accepts is correct, so a layer written for 4-D masks (for
+    example around ``F.scaled_dot_product_attention``) passes too.
+    """
+    hint = ("If it is a shape error in cross-attention, check that keys and values come from memory "
+            "and the query from x.")
+    try:
+        return run_learner(mine, x.clone(), memory.clone(), tgt_mask, memory_mask, case=case, hint=hint)
+    except CheckFailure as first:
+        if tgt_mask is None or tgt_mask.dim() != 3:
+            raise
+        try:
+            return run_learner(mine, x.clone(), memory.clone(), tgt_mask.unsqueeze(1), memory_mask.unsqueeze(1),
+                               case=case + ", masks given as 4-D", hint=hint)
+        except CheckFailure:
+            raise CheckFailure(f"{first} (The same masks as 4-D (B, 1, L_q, L_k) failed too.)")
+
+
 @checker
 def check_decoder_layer(cls: type[nn.Module]) -> None:
     """``cls(d_model, num_heads, d_ff, dropout=0.0)``, ``forward(x, memory, tgt_mask=None, memory_mask=None)``.
@@ -267,12 +293,8 @@ def check_decoder_layer(cls: type[nn.Module]) -> None:
             memory_mask = padding_mask(src, 0)  # (B, 1, L_s)
         inputs = (x, memory, tgt_mask, memory_mask)
         with torch.no_grad():
-            got = run_learner(
-                mine, x.clone(), memory.clone(), tgt_mask, memory_mask,
-                case=f"{case}, x {tuple(x.shape)}, memory {tuple(memory.shape)}",
-                hint="If it is a shape error in cross-attention, check that keys and values come from memory "
-                "and the query from x.",
-            )
+            got = _run_layer(mine, x, memory, tgt_mask, memory_mask,
+                             f"{case}, x {tuple(x.shape)}, memory {tuple(memory.shape)}")
             expect_shape(
                 got, (B, L_t, d_model), f"DecoderLayer output ({case})",
                 "A decoder layer returns one vector per target position: (B, L_t, d_model), like x.",
@@ -280,3 +302,162 @@ def check_decoder_layer(cls: type[nn.Module]) -> None:
             expected = ref(x, memory, tgt_mask, memory_mask)
             compare(got, expected, inputs, _layer_mistakes(ref), case)
     passed("check_decoder_layer", len(cases))
+
+
+# --------------------------------------------------------------------------------------------------
+# Predict: the shapes of cross-attention when L_t != L_s
+# --------------------------------------------------------------------------------------------------
+
+def _as_shape(value, what: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(v) for v in value)
+    except (TypeError, ValueError) as err:
+        raise CheckFailure(f"{what} should be a tuple of ints such as (2, 3), got {value!r}.") from err
+
+
+@checker
+def check_cross_attention_shapes(fn: Callable[[], tuple]) -> None:
+    """Predict: ``fn()`` returns ``(output shape, weights shape)`` of
+    ``MultiHeadAttention(32, 4)(x, memory, memory, src_mask, return_attention=True)`` with
+    x ``(2, 5, 32)`` (B = 2, L_t = 5) and memory ``(2, 6, 32)`` (L_s = 6)."""
+    answer = fn()
+    if not isinstance(answer, (tuple, list)) or len(answer) != 2:
+        raise CheckFailure(f"Return two shapes, (output shape, weights shape), got {answer!r}.")
+    out_shape, w_shape = _as_shape(answer[0], "The output shape"), _as_shape(answer[1], "The weights shape")
+    B, L_t, L_s, d_model, h = 2, 5, 6, 32, 4
+    attn = MultiHeadAttention(d_model, h)
+    with torch.no_grad():
+        out, weights = attn(torch.zeros(B, L_t, d_model), torch.zeros(B, L_s, d_model),
+                            torch.zeros(B, L_s, d_model), return_attention=True)
+    true_out, true_w = tuple(out.shape), tuple(weights.shape)
+    problems = []
+    if out_shape != true_out:
+        if out_shape == (B, L_s, d_model):
+            problems.append(f"output {out_shape}: the output has one vector per QUERY, and the queries are the "
+                            f"{L_t} target positions; the source length only enters through keys and values")
+        elif out_shape == (B, h, L_t, d_model // h):
+            problems.append(f"output {out_shape}: that is the per-head result before merge_heads and out_proj; "
+                            "the layer returns (B, L_t, d_model)")
+        else:
+            problems.append(f"output {out_shape}: expected (B, L_t, d_model)")
+    if w_shape != true_w:
+        if w_shape == (B, h, L_s, L_t):
+            problems.append(f"weights {w_shape}: rows are queries (target positions), columns are keys "
+                            "(source positions), so (B, h, L_t, L_s)")
+        elif w_shape == (B, L_t, L_s):
+            problems.append(f"weights {w_shape}: every head has its own weights, so there is a head axis: "
+                            "(B, h, L_t, L_s)")
+        elif w_shape in ((B, h, L_t, L_t), (B, h, L_s, L_s)):
+            problems.append(f"weights {w_shape}: cross-attention is rectangular, one row per target position "
+                            "and one column per source position")
+        else:
+            problems.append(f"weights {w_shape}: expected (B, num_heads, L_q, L_k)")
+    if problems:
+        raise CheckFailure("Not quite: " + "; ".join(problems) + ".")
+    print(f"check_cross_attention_shapes: right, output {true_out} (one vector per target position) and "
+          f"weights {true_w} (target rows, source columns).")
+
+
+# --------------------------------------------------------------------------------------------------
+# Predict: where PyTorch returns NaN for an unconverted mask
+# --------------------------------------------------------------------------------------------------
+
+@checker
+def check_nan_positions(fn: Callable[[], list]) -> None:
+    """Predict: ``fn()`` lists the query positions (0 ... 4) at which ``nn.MultiheadAttention`` returns NaN
+    when given ``attn_mask=causal_mask(5)`` unconverted (PyTorch reads True as "forbidden")."""
+    answer = fn()
+    try:
+        got = sorted({int(p) for p in answer})
+    except (TypeError, ValueError) as err:
+        raise CheckFailure(f"Return a list of positions such as [0, 2], got {answer!r}.") from err
+    L = 5
+    torch.manual_seed(0)
+    mha = nn.MultiheadAttention(8, 2, batch_first=True).eval()
+    x = torch.randn(1, L, 8)
+    with torch.no_grad():
+        out, _ = mha(x, x, x, attn_mask=causal_mask(L))  # our convention, read by PyTorch as "forbidden"
+    truth = torch.isnan(out[0]).any(-1).nonzero().flatten().tolist()
+    assert truth == [L - 1]
+    if got == truth:
+        print(f"check_nan_positions: right, only position {L - 1}. PyTorch reads True as 'forbidden', so query t "
+              f"sees only keys after t; the last query has none left, and softmax over all -inf is 0/0 = NaN.")
+        return
+    hints = {
+        (): "Not every library turns a row with no visible key into zeros as course_lib does: here the softmax "
+            "runs over a row of -inf and returns 0/0 = NaN.",
+        (0,): "You read the mask in our convention. PyTorch reads True as 'forbidden', so causal_mask hides "
+              "keys s <= t: query 0 still sees keys 1 to 4. Which query is left with no key at all?",
+        tuple(range(L)): "Each query row has its own softmax, so a NaN appears only in the rows that have no "
+                         "visible key; in one attention layer it does not spread to the other rows.",
+    }
+    raise CheckFailure(f"Not quite ({got}). " + hints.get(tuple(got), (
+        "PyTorch reads True as 'forbidden': the lower triangle hides keys s <= t. For each query t, list the "
+        "keys it may still see; a NaN comes out where that list is empty.")))
+
+
+# --------------------------------------------------------------------------------------------------
+# Debug: the next-word scores without the source mask
+# --------------------------------------------------------------------------------------------------
+
+def _next_word_model() -> Transformer:
+    torch.manual_seed(55)
+    config = TransformerConfig(src_vocab_size=12, tgt_vocab_size=12, d_model=16, num_heads=2,
+                               num_encoder_layers=1, num_decoder_layers=1, d_ff=32, max_len=16, pad_id=0)
+    return Transformer(config).eval()
+
+
+def _next_word_cases() -> list[tuple[str, torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(56)
+    src = torch.randint(3, 12, (3, 7), generator=g)
+    src[1, 4:] = 0  # padded sources
+    src[2, 2:] = 0
+    tgt = torch.randint(3, 12, (3, 4), generator=g)
+    tgt[:, 0] = 1  # start symbol
+    unpadded = torch.randint(3, 12, (2, 5), generator=g)
+    return [
+        ("no source padding", unpadded, tgt[:2, :3]),
+        ("padded sources", src, tgt),
+        ("padded sources, one target token", src, tgt[:, :1]),
+    ]
+
+
+@checker
+def check_next_word_logits(fn: Callable) -> None:
+    """Debug: ``fn(model, src (B, L_s), tgt (B, L_t)) -> (B, vocab)``, the scores for the word after ``tgt``,
+    equal to ``model(src, tgt)[:, -1]`` for a ``course_lib.Transformer``."""
+    model = _next_word_model()
+    pad = model.config.pad_id
+
+    def without_source_mask(src, tgt, in_encode=False):
+        src_mask = padding_mask(src, pad)
+        if in_encode:  # an all-True mask: encode's default (None) would be the padding mask
+            src_mask = torch.ones_like(src_mask)
+        return model.generator(model.decode(tgt, model.encode(src, src_mask))[:, -1])
+
+    mistakes = [
+        Mistake("the source mask is missing in decode (cross-attention sees the <pad> sources)",
+                "Pass the mask you gave encode to decode as well: model.decode(tgt, memory, src_mask). "
+                "Cross-attention's keys are the source positions, and without the mask every target position "
+                "attends to the encoder's <pad> vectors.",
+                lambda src, tgt: without_source_mask(src, tgt)),
+        Mistake("the source mask is missing in encode and in decode",
+                "Build src_mask = padding_mask(src, pad_id) and pass it to both encode and decode.",
+                lambda src, tgt: without_source_mask(src, tgt, in_encode=True)),
+        Mistake("the scores are read at the first position instead of the last",
+                "The word after tgt is predicted at the LAST decoder position: hidden[:, -1].",
+                lambda src, tgt: model(src, tgt)[:, 0]),
+        Mistake("softmax applied (probabilities instead of scores)",
+                "Return the generator's logits; the loss or argmax does the rest.",
+                lambda src, tgt: model(src, tgt)[:, -1].softmax(-1)),
+    ]
+    cases = _next_word_cases()
+    for case, src, tgt in cases:
+        with torch.no_grad():
+            got = run_learner(fn, model, src.clone(), tgt.clone(), case=case)
+            expected = model(src, tgt)[:, -1]
+            expect_shape(got, expected.shape, f"the next-word scores ({case})",
+                         "Return one score per vocabulary word for each sentence: (B, vocab).")
+            compare(got, expected, (src, tgt), mistakes, case)
+    print(f"check_next_word_logits: all {len(cases)} cases match model(src, tgt)[:, -1]. With the source mask, "
+          "padding the source no longer changes the scores. Well done!")

@@ -89,9 +89,9 @@ def _pe_mistakes() -> list[Mistake]:
         Mistake(
             "the cosine uses the next pair's frequency (the `i+1` bug)",
             "Column 2i+1 must use the SAME frequency as its sine partner in column 2i: "
-            "`cos(pos / 10000 ** (2i / d_model))`, not `10000 ** ((2i + 2) / d_model)`. Only a "
-            "sin/cos pair "
-            "of one frequency turns a shift of position into a rotation.",
+            "`cos(pos / 10000 ** (2i / d_model))`, not `10000 ** ((2i + 2) / d_model)`. With the "
+            "next frequency every cosine sits one column before its sine, column 0's sine has no "
+            "cosine at all, and the table is not the paper's.",
             lambda n, d: _pe_from(n, d, lambda j: _pair(j) / d, lambda j: (_pair(j) + 2) / d),
         ),
         Mistake(

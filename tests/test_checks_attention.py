@@ -48,7 +48,7 @@ def make_attention(
 
 def test_correct_attention_passes(capsys):
     assert passes(check_scaled_dot_product_attention, make_attention())
-    assert "all 5 cases match" in capsys.readouterr().out
+    assert "all 6 cases match" in capsys.readouterr().out
 
 
 def test_reference_itself_passes():
@@ -453,3 +453,15 @@ def test_lesson_00_quotes_the_real_message():
     with pytest.raises(AssertionError) as error:
         check_scaled_dot_product_attention(make_attention(scale="none"))
     assert quote == f"AssertionError: {error.value}"
+
+
+def test_attention_that_needs_a_batch_axis_is_named():
+    """The exercise asks for any number of leading axes, (L, d) included."""
+
+    def attention(query, key, value, mask=None):
+        if query.dim() < 3:
+            raise ValueError("expected a batch axis")
+        return make_attention()(query, key, value, mask)
+
+    with pytest.raises(AssertionError, match=r"raised ValueError \(2-D inputs \(L, d\)"):
+        check_scaled_dot_product_attention(attention)

@@ -171,6 +171,9 @@ def _sdpa_cases() -> list[tuple[str, tuple[torch.Tensor, ...], torch.Tensor | No
     mask[1, :, 3] = False
     cases.append(("a fully masked row (query 1 of batch 0 may attend to no key)",
                   (randn(2, 3, 8), randn(2, 4, 8), randn(2, 4, 6)), mask))
+    # 6. 2-D: one sequence without a batch axis, (L, d), with a causal mask.
+    cases.append(("2-D inputs (L, d): one sequence without a batch axis, causal mask (L, L)",
+                  (randn(5, 8), randn(5, 8), randn(5, 3)), causal_mask(5)))
     return cases
 
 

@@ -10,6 +10,8 @@ Pre-LN (norm_first):  x = x + Dropout(Sublayer(LayerNorm(x)))   and one final La
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -17,7 +19,7 @@ from torch import nn
 from .attention import MultiHeadAttention
 from .tracing import trace
 
-__all__ = ["FeedForward", "EncoderLayer", "DecoderLayer", "Encoder", "Decoder"]
+__all__ = ["FeedForward", "EncoderLayer", "DecoderLayer", "Encoder", "Decoder", "LayerKVCache"]
 
 _ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}
 
@@ -67,9 +69,10 @@ class EncoderLayer(nn.Module):
         norm_first: bool = False,
         layer_norm_eps: float = 1e-5,
         bias: bool = True,
+        fused_attention: bool = False,
     ) -> None:
         super().__init__()
-        self.self_attn = MultiHeadAttention(d_model, num_heads, dropout=dropout, bias=bias)
+        self.self_attn = MultiHeadAttention(d_model, num_heads, dropout, bias, fused=fused_attention)
         self.feed_forward = FeedForward(d_model, d_ff, dropout=dropout, activation=activation)
         self.norm1 = nn.LayerNorm(d_model, eps=layer_norm_eps)
         self.norm2 = nn.LayerNorm(d_model, eps=layer_norm_eps)
@@ -95,6 +98,27 @@ class EncoderLayer(nn.Module):
         return x
 
 
+@dataclass
+class LayerKVCache:
+    """What one decoder layer keeps between generation steps (lesson 07), all ``(B, h, ., head_dim)``.
+
+    self_k, self_v:   ``(B, num_heads, t, head_dim)``: the self-attention keys and values of the t
+                      positions decoded so far; ``DecoderLayer.step`` appends one row per step.
+    cross_k, cross_v: ``(B, num_heads, L_s, head_dim)``: the cross-attention keys and values of the
+                      memory; they never change, so they are computed once (``DecoderLayer.start_cache``).
+    """
+
+    self_k: torch.Tensor
+    self_v: torch.Tensor
+    cross_k: torch.Tensor
+    cross_v: torch.Tensor
+
+    def reorder(self, index: torch.Tensor) -> "LayerKVCache":
+        """Keep rows ``index`` (B_new,) of the batch, in that order (beam search reorders its beams)."""
+        return LayerKVCache(*(t.index_select(0, index) for t in
+                              (self.self_k, self.self_v, self.cross_k, self.cross_v)))
+
+
 class DecoderLayer(nn.Module):
     """Masked self-attention, cross-attention over the encoder output, feed-forward.
 
@@ -113,10 +137,11 @@ class DecoderLayer(nn.Module):
         norm_first: bool = False,
         layer_norm_eps: float = 1e-5,
         bias: bool = True,
+        fused_attention: bool = False,
     ) -> None:
         super().__init__()
-        self.self_attn = MultiHeadAttention(d_model, num_heads, dropout=dropout, bias=bias)
-        self.cross_attn = MultiHeadAttention(d_model, num_heads, dropout=dropout, bias=bias)
+        self.self_attn = MultiHeadAttention(d_model, num_heads, dropout, bias, fused=fused_attention)
+        self.cross_attn = MultiHeadAttention(d_model, num_heads, dropout, bias, fused=fused_attention)
         self.feed_forward = FeedForward(d_model, d_ff, dropout=dropout, activation=activation)
         self.norm1 = nn.LayerNorm(d_model, eps=layer_norm_eps)
         self.norm2 = nn.LayerNorm(d_model, eps=layer_norm_eps)
@@ -155,6 +180,60 @@ class DecoderLayer(nn.Module):
             x = self.norm2(x + self._cross_attention(x, memory, memory_mask))
             x = self.norm3(x + self._feed_forward(x))
         trace("DecoderLayer", "output", x)
+        return x
+
+    def start_cache(self, memory: torch.Tensor) -> LayerKVCache:
+        """An empty self-attention cache and the memory's cross-attention keys and values.
+
+        ``memory (B, L_s, d_model)`` -> ``LayerKVCache`` with ``self_k/v (B, h, 0, hd)`` and
+        ``cross_k/v (B, h, L_s, hd)``.
+        """
+        _check_input(memory, self.self_attn.d_model, "DecoderLayer.start_cache", "memory")
+        cross_k, cross_v = self.cross_attn.project_kv(memory, memory)  # once per layer, not per step
+        empty = cross_k.new_zeros(cross_k.size(0), cross_k.size(1), 0, cross_k.size(3))  # (B, h, 0, hd)
+        return LayerKVCache(empty, empty, cross_k, cross_v)
+
+    def step(
+        self,
+        x: torch.Tensor,
+        cache: LayerKVCache,
+        self_mask: torch.Tensor | None = None,
+        memory_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """One generation step: only the newest position goes through the layer.
+
+        Args:
+            x: ``(B, 1, d_model)`` the newest position's input (position t).
+            cache: this layer's cache; ``self_k/v`` grow from t to t+1 rows here (in place).
+            self_mask: bool ``(B, 1, t+1)``: which of the t+1 decoded positions the new one may see
+                (no causal part is needed: nothing later exists yet). None = all.
+            memory_mask: the source padding mask ``(B, 1, L_s)``.
+
+        Returns:
+            ``(B, 1, d_model)``, equal to row t of ``forward`` on all t+1 positions.
+        """
+        _check_input(x, self.self_attn.d_model, "DecoderLayer.step")
+        if x.size(1) != 1:
+            raise ValueError(f"DecoderLayer.step: x must be one position (B, 1, d_model), got {tuple(x.shape)}")
+
+        def self_attention(h: torch.Tensor) -> torch.Tensor:  # h: (B, 1, d_model)
+            k, v = self.self_attn.project_kv(h, h)  # (B, h, 1, hd): the new row only
+            # Append FIRST: the new position must see itself, as it does in the full causal mask.
+            cache.self_k = torch.cat([cache.self_k, k], dim=2)  # (B, h, t, hd) -> (B, h, t+1, hd)
+            cache.self_v = torch.cat([cache.self_v, v], dim=2)
+            return self.dropout1(self.self_attn.attend(h, cache.self_k, cache.self_v, self_mask))
+
+        def cross_attention(h: torch.Tensor) -> torch.Tensor:  # the memory's keys/values, from the cache
+            return self.dropout2(self.cross_attn.attend(h, cache.cross_k, cache.cross_v, memory_mask))
+
+        if self.norm_first:
+            x = x + self_attention(self.norm1(x))
+            x = x + cross_attention(self.norm2(x))
+            x = x + self._feed_forward(self.norm3(x))
+        else:
+            x = self.norm1(x + self_attention(x))
+            x = self.norm2(x + cross_attention(x))
+            x = self.norm3(x + self._feed_forward(x))
         return x
 
 
@@ -202,4 +281,20 @@ class Decoder(nn.Module):
     ) -> torch.Tensor:
         for layer in self.layers:
             x = layer(x, memory, tgt_mask, memory_mask)
+        return self.norm(x) if self.norm is not None else x
+
+    def start_cache(self, memory: torch.Tensor) -> list[LayerKVCache]:
+        """One ``LayerKVCache`` per layer: empty self-attention caches, the memory's keys and values."""
+        return [layer.start_cache(memory) for layer in self.layers]
+
+    def step(
+        self,
+        x: torch.Tensor,
+        caches: list[LayerKVCache],
+        self_mask: torch.Tensor | None = None,
+        memory_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """``x (B, 1, d_model)`` the newest position -> ``(B, 1, d_model)``; see ``DecoderLayer.step``."""
+        for layer, cache in zip(self.layers, caches):
+            x = layer.step(x, cache, self_mask, memory_mask)
         return self.norm(x) if self.norm is not None else x

@@ -13,13 +13,14 @@ import torch
 from torch import nn
 
 from .embeddings import TransformerEmbedding
-from .layers import Decoder, Encoder
+from .layers import Decoder, Encoder, LayerKVCache
 from .masks import decoder_self_attention_mask, padding_mask
 from .tracing import trace
 
 __all__ = [
     "TransformerConfig",
     "Transformer",
+    "KVCache",
     "TransformerEncoderModel",
     "TransformerClassifier",
     "init_xavier_",
@@ -34,6 +35,8 @@ class TransformerConfig:
     ``tie_embeddings``: ``"none"``; ``"decoder"`` (target embedding = output projection);
     ``"all"`` (source embedding = target embedding = output projection, paper section 3.4;
     needs ``src_vocab_size == tgt_vocab_size``).
+    ``fused_attention``: every ``MultiHeadAttention`` uses PyTorch's fused kernel when no weights are
+    asked for (faster, same result; ``attn_weights`` is then None). See ``set_fused_attention``.
     """
 
     src_vocab_size: int = 11
@@ -55,6 +58,7 @@ class TransformerConfig:
     tie_embeddings: str = "none"
     pad_id: int = 0
     bias: bool = True
+    fused_attention: bool = False
 
     def __post_init__(self) -> None:
         for name in ("src_vocab_size", "tgt_vocab_size", "d_model", "num_heads", "d_ff", "max_len"):
@@ -90,7 +94,7 @@ class TransformerConfig:
         """Keyword arguments shared by ``Encoder``, ``Decoder`` and their layers."""
         return dict(
             dropout=self.dropout, activation=self.activation, norm_first=self.norm_first,
-            layer_norm_eps=self.layer_norm_eps, bias=self.bias,
+            layer_norm_eps=self.layer_norm_eps, bias=self.bias, fused_attention=self.fused_attention,
         )
 
     def embedding(self, vocab_size: int) -> TransformerEmbedding:
@@ -122,6 +126,32 @@ def _check_ids_pair(src: torch.Tensor, tgt: torch.Tensor) -> None:
         raise ValueError(
             f"Transformer: src and tgt must have the same batch size, got {src.size(0)} and {tgt.size(0)}"
         )
+
+
+@dataclass
+class KVCache:
+    """Everything the decoder keeps between generation steps (lesson 07).
+
+    layers:      one ``LayerKVCache`` per decoder layer (self-attention keys/values that grow by one
+                 row per step; cross-attention keys/values of the memory, computed once).
+    memory_mask: the source padding mask ``(B, 1, L_s)``, or None.
+    tgt_keep:    bool ``(B, t)``: True where a decoded token is not padding, i.e. the keys a new
+                 position may attend to (what ``decoder_self_attention_mask`` hides, step by step).
+    """
+
+    layers: list[LayerKVCache]
+    memory_mask: torch.Tensor | None
+    tgt_keep: torch.Tensor
+
+    @property
+    def length(self) -> int:
+        """t, the number of positions decoded so far (the next one gets position t)."""
+        return self.tgt_keep.size(1)
+
+    def reorder(self, index: torch.Tensor) -> "KVCache":
+        """Keep batch rows ``index`` (B_new,), in that order (beam search follows its surviving beams)."""
+        mask = self.memory_mask.index_select(0, index) if self.memory_mask is not None else None
+        return KVCache([c.reorder(index) for c in self.layers], mask, self.tgt_keep.index_select(0, index))
 
 
 class Transformer(nn.Module):
@@ -176,6 +206,40 @@ class Transformer(nn.Module):
         if tgt_mask is None:
             tgt_mask = decoder_self_attention_mask(tgt, self.config.pad_id)
         return self.decoder(self.tgt_embed(tgt), memory, tgt_mask, src_mask)
+
+    def start_cache(self, memory: torch.Tensor, src_mask: torch.Tensor | None = None) -> KVCache:
+        """A cache for generating from ``memory (B, L_s, d_model)``: nothing decoded yet, and every
+        decoder layer's cross-attention keys and values computed once. ``src_mask`` as in ``decode``."""
+        B = memory.size(0)
+        keep = torch.zeros(B, 0, dtype=torch.bool, device=memory.device)  # (B, 0): no position yet
+        return KVCache(self.decoder.start_cache(memory), src_mask, keep)
+
+    def decode_step(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """Feed one new token per row and return the next-token logits, reusing the cache.
+
+        Args:
+            tokens: ``(B,)`` the token at position t = ``cache.length`` (first call: the start symbol).
+            cache: from ``start_cache``; updated in place (one more row of keys and values per layer).
+
+        Returns:
+            logits ``(B, tgt_vocab_size)``, equal (to float precision) to the last position of
+            ``generator(decode(all t+1 tokens, memory, src_mask))``: the work is one position, not t+1.
+        """
+        if tokens.dim() != 1 or tokens.size(0) != cache.tgt_keep.size(0):
+            raise ValueError(
+                f"Transformer.decode_step: tokens must be (B,) with B={cache.tgt_keep.size(0)}, "
+                f"got {tuple(tokens.shape)}"
+            )
+        t = cache.length
+        emb = self.tgt_embed  # embed one token at position t (the full sequence would use 0..t)
+        x = emb.token(tokens.unsqueeze(1)) + emb.position(t + 1)[t:]  # (B, 1, d) + (1, d)
+        if emb.norm is not None:
+            x = emb.norm(x)
+        x = emb.dropout(x)
+        cache.tgt_keep = torch.cat([cache.tgt_keep, (tokens != self.config.pad_id).unsqueeze(1)], dim=1)
+        self_mask = cache.tgt_keep.unsqueeze(1)  # (B, 1, t+1): the new query sees every non-pad position
+        hidden = self.decoder.step(x, cache.layers, self_mask, cache.memory_mask)  # (B, 1, d_model)
+        return self.generator(hidden[:, 0])  # (B, tgt_vocab_size)
 
     def forward(
         self,

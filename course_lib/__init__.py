@@ -6,9 +6,9 @@ with pretrained (load real BERT weights), viz (plots), checks (exercise checkers
 tracing (shape logging) alongside.
 """
 
-from .attention import MultiHeadAttention, scaled_dot_product_attention
+from .attention import MultiHeadAttention, scaled_dot_product_attention, set_fused_attention
 from .data import CopyTask, Vocab, pad_sequences
-from .decoding import greedy_decode
+from .decoding import beam_search, greedy_decode, sample
 from .embeddings import (
     LearnedPositionalEmbedding,
     SinusoidalPositionalEncoding,

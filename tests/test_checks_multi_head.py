@@ -14,6 +14,7 @@ from torch import nn
 
 from course_lib.checks import (
     check_merge_heads, check_multi_head_attention, check_parameter_count_prediction, check_split_heads,
+    check_view_prediction,
     reference_merge_heads, reference_split_heads, yours_or_reference,
 )
 from course_lib.solutions import lesson02
@@ -413,3 +414,47 @@ def test_multi_head_attention_names_the_crash_and_every_mask_layout_tried():
     with pytest.raises(AssertionError, match=r"raised RuntimeError \(self-attention with a padding mask, mask "
                                              r"\(B, 1, L_k\)\).*also tried as \(B, 1, L_k\), \(B, 1, 1, L_k\)"):
         check_multi_head_attention(CrashesOnAnyMask)
+
+
+# --------------------------------------------------------------------------- predicted views
+
+
+def view_todo():
+    raise NotImplementedError
+
+
+@pytest.mark.parametrize(
+    "answer", [(False, True, False, True), ["raises", "works", "raises", "works"],
+               (torch.tensor(False), np.bool_(True), "Raises", True)])
+def test_view_prediction_right_passes(answer, capsys):
+    fn = lambda: answer  # noqa: E731
+    assert passes(check_view_prediction, fn)
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 and "right, all four" in out
+
+
+def test_view_prediction_solution_passes():
+    assert passes(check_view_prediction, lesson02.predicted_view_works)
+
+
+@pytest.mark.parametrize(
+    "answer, words",
+    [
+        ((False, False, False, True), r"1 of 4 not right\. Likely confusion: view does not need a contiguous "
+                                      r"tensor.*view\(1, 2, 2, 3, 2\) works: it only cuts L"),
+        ((True, True, True, True), r"2 of 4.*view never copies, so it cannot glue.*view\(1, 4, 6\) raises.*"
+                                   r"view\(1, 12, 2\) raises: it glues L"),
+        ((False, True, True, True), r"1 of 4 not right\. swapped\.view\(1, 12, 2\) raises"),
+        ((False, True, False, False), r"transposing back restores"),
+        ((1, 0, 1, 0), r"Answer 1 should be True \(works\) or False \(raises\)"),
+        ((True, False), r"Return 4 answers"),
+    ],
+)
+def test_view_prediction_names_mistake(answer, words):
+    with pytest.raises(AssertionError, match=words):
+        check_view_prediction(lambda: answer)
+
+
+def test_view_prediction_unimplemented_is_friendly(capsys):
+    assert check_view_prediction(view_todo) is None
+    assert "`view_todo` is not implemented yet" in capsys.readouterr().out

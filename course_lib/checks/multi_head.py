@@ -5,6 +5,8 @@
   run" question).
 * ``check_split_heads(fn)``: ``fn(x (B, L, d_model), num_heads) -> (B, num_heads, L, head_dim)``
 * ``check_merge_heads(fn)``: ``fn(x (B, num_heads, L, head_dim)) -> (B, L, d_model)``
+* ``check_view_prediction(fn)``: ``fn() -> 4 answers``, which of four ``view`` calls on a transposed
+  tensor work (True) and which raise (False); ``VIEW_CALLS`` lists them
 * ``check_multi_head_attention(cls)``: ``cls(d_model, num_heads)`` with ``q_proj``, ``k_proj``,
   ``v_proj``, ``out_proj`` and ``forward(query, key, value, mask=None) -> (B, L_q, d_model)``
 
@@ -31,7 +33,7 @@ from ._common import (
 
 __all__ = [
     "check_parameter_count_prediction", "check_split_heads", "check_merge_heads",
-    "check_multi_head_attention",
+    "check_view_prediction", "check_multi_head_attention",
     "reference_split_heads", "reference_merge_heads",
 ]
 
@@ -260,6 +262,81 @@ def check_merge_heads(fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
             "merge_heads(x)", f"Expected (B, L, d_model) = {(B, L, h * hd)}.",
         )
     passed("check_merge_heads", len(cases))
+
+
+# ----------------------------------------------------------------------------------------------
+# Predict: which views of a transposed tensor work
+# ----------------------------------------------------------------------------------------------
+
+# (call as the lesson writes it, the view's shape, why it works or not). `swapped` is a fresh
+# (1, 3, 4, 2) tensor transposed to (1, 4, 3, 2): strides (24, 2, 8, 1).
+VIEW_CALLS: list[tuple[str, Callable[[torch.Tensor], torch.Tensor], str]] = [
+    ("swapped.view(1, 4, 6)", lambda t: t.view(1, 4, 6),
+     "it glues num_heads (size 3, stride 8) and head_dim (size 2, stride 1) into one axis, and 8 "
+     "!= 2 x 1: "
+     "they are not back to back in memory"),
+    ("swapped.view(1, 2, 2, 3, 2)", lambda t: t.view(1, 2, 2, 3, 2),
+     "it only cuts L = 4 into 2 x 2 (strides 4 and 2), which strides can always express"),
+    ("swapped.view(1, 12, 2)", lambda t: t.view(1, 12, 2),
+     "it glues L (size 4, stride 2) and num_heads (size 3, stride 8), and 2 != 3 x 8: after the "
+     "transpose "
+     "the positions are no longer the outer axis in memory"),
+    ("swapped.transpose(1, 2).view(1, 3, 8)", lambda t: t.transpose(1, 2).view(1, 3, 8),
+     "transposing back restores the fresh tensor's row-by-row layout (contiguous again), so gluing "
+     "L and "
+     "head_dim works"),
+]
+
+
+def _view_works(call: Callable[[torch.Tensor], torch.Tensor]) -> bool:
+    swapped = torch.arange(24).view(1, 3, 4, 2).transpose(1, 2)  # (B, L, num_heads, head_dim)
+    try:
+        call(swapped)
+    except RuntimeError:
+        return False
+    return True
+
+
+def _as_works(value: Any, i: int) -> bool:
+    if isinstance(value, str) and value.strip().lower() in ("works", "raises"):
+        return value.strip().lower() == "works"
+    if isinstance(value, bool) or "bool" in str(getattr(value, "dtype", "")):  # also NumPy, torch
+        return bool(value)
+    raise CheckFailure(f"Answer {i + 1} should be True (works) or False (raises), or the word "
+                       f"'works' or 'raises'; got {value!r}.")
+
+
+@checker
+def check_view_prediction(fn: Callable[[], Any]) -> None:
+    """Check ``fn() -> 4 answers``: which of ``VIEW_CALLS`` work (True) and which raise (False)."""
+    answer = fn()
+    if not isinstance(answer, (tuple, list)) or len(answer) != len(VIEW_CALLS):
+        raise CheckFailure(f"Return {len(VIEW_CALLS)} answers, True (works) or False (raises), one "
+                           f"per "
+                           f"call and in the lesson's order; got {answer!r}.")
+    said = [_as_works(v, i) for i, v in enumerate(answer)]
+    truth = [_view_works(call) for _, call, _ in VIEW_CALLS]
+    if said == truth:
+        print("check_view_prediction: right, all four. view never copies: it works when strides "
+              "can "
+              "express the new shape (cutting an axis always can, gluing two only if they are back "
+              "to "
+              "back in memory), not only on contiguous tensors.")
+        return
+    wrong = [f"{text} {'works' if ok else 'raises'}: {why}."
+             for (text, _, why), ok, guess in zip(VIEW_CALLS, truth, said) if ok != guess]
+    if said == [False, False, False, True]:
+        confusion = ("Likely confusion: view does not need a contiguous tensor, only strides that "
+                     "can "
+                     "express the new shape. ")
+    elif all(said):
+        confusion = ("Likely confusion: view never copies, so it cannot glue axes that are not "
+                     "back to "
+                     "back in memory. ")
+    else:
+        confusion = ""
+    raise CheckFailure(f"{len(wrong)} of {len(VIEW_CALLS)} not right. "
+                       f"{confusion}" + " ".join(wrong))
 
 
 # ----------------------------------------------------------------------------------------------

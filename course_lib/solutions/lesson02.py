@@ -45,3 +45,14 @@ class SlicedMultiHeadAttention(nn.Module):
             out_i, _ = scaled_dot_product_attention(q[..., cols], k[..., cols], v[..., cols], mask)
             heads.append(out_i)  # (B, L_q, head_dim)
         return self.out_proj(torch.cat(heads, dim=-1))  # (B, L_q, d_model)
+
+# %% solution 02.view
+def predicted_view_works():
+    # view never copies. Cutting an axis always works; gluing two axes works only if they lie back
+    # to back in memory (outer stride = inner size x inner stride). swapped's strides: (24, 2, 8, 1).
+    return (
+        False,  # glues num_heads (stride 8) and head_dim (size 2, stride 1): 8 != 2 x 1
+        True,  # only cuts L = 4 into 2 x 2
+        False,  # glues L (stride 2) and num_heads (size 3, stride 8): 2 != 3 x 8
+        True,  # transposing back makes it contiguous again, then anything goes
+    )

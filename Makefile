@@ -1,32 +1,43 @@
 # Two commands do everything on a fresh machine with Python 3.11:
 #   make lab    set up, then open the course in JupyterLab
 #   make test   set up, then run every test: pytest for course_lib and strict nbval over every notebook
-# `make setup` alone builds .venv: torch first (CPU build, pinned), then requirements.txt,
-# course_lib in editable mode and a Jupyter kernel named "transformers-course".
+# `make setup` alone builds .venv: torch first (CPU build, pinned), then requirements.txt, the
+# JavaScript for bertviz's offline views (requirements-js.txt, hash-checked), course_lib in editable
+# mode, and the kernel "python3" inside .venv (--sys-prefix: only this clone's JupyterLab sees it,
+# and it runs this clone's .venv; nothing is installed for the whole user).
+# `make test-browser` checks every lesson in JupyterLab and headless Chromium (needs `chromium`).
+# `make sync` regenerates each lesson's Colab badge, setup cell and image attachments.
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
-KERNEL := transformers-course
+OLD_KERNEL := transformers-course
 STAMP  := $(VENV)/.stamp-setup
 # The exact test command (README and .ci/run use `make test`).
 PYTEST_ARGS := tests --nbval notebooks --nbval-current-env \
                --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=600 -p no:cacheprovider
 SOLUTIONS_ARGS := tests/notebooks_with_solutions.py -p no:cacheprovider
 
-.PHONY: setup lab test test-solutions test-lib test-notebooks benchmark images execute clean
+.PHONY: setup lab test test-solutions test-lib test-notebooks test-browser sync benchmark images execute clean
 
 setup: $(STAMP)
 
-$(STAMP): requirements.txt pyproject.toml
+$(STAMP): requirements.txt requirements-js.txt pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), "Python 3.11 needed, found " + sys.version.split()[0]'
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet torch==2.13.0
 	$(PIP) install --quiet -r requirements.txt
+	$(PIP) install --quiet --no-deps --require-hashes -r requirements-js.txt
 	$(PIP) install --quiet --no-deps -e .
-	$(PY) -m ipykernel install --user --name $(KERNEL) --display-name "Python 3 (Transformers course)"
+	$(PY) -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (ipykernel)"
+	@# An earlier `make setup` installed a user-wide kernel; remove it if it runs this clone's .venv.
+	@$(PY) -c 'import json, pathlib, shutil; from jupyter_client.kernelspec import KernelSpecManager; \
+	  d = KernelSpecManager().find_kernel_specs().get("$(OLD_KERNEL)"); \
+	  spec = pathlib.Path(d or ".", "kernel.json"); \
+	  ours = d and spec.is_file() and json.loads(spec.read_text())["argv"][0].startswith("$(abspath $(VENV))/"); \
+	  ours and (shutil.rmtree(d), print("removed the old user-wide kernel $(OLD_KERNEL) of this clone"))'
 	@touch $(STAMP)
 
 lab: setup
@@ -45,6 +56,14 @@ test-lib: setup
 
 test-notebooks: setup
 	$(PY) -m pytest --nbval notebooks --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg -p no:cacheprovider
+
+# Every lesson in JupyterLab and as exported HTML, in headless Chromium, offline (build/screenshots/).
+test-browser: setup
+	$(PY) scripts/browser_test.py notebooks/*.ipynb
+
+# Colab badge, setup cell, image attachments and kernelspec of every lesson (idempotent).
+sync: setup
+	$(PY) scripts/sync_notebooks.py notebooks/*.ipynb
 
 # Re-execute every notebook in place (after editing one), storing fresh outputs.
 execute: setup

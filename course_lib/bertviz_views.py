@@ -178,6 +178,9 @@ def _offline(bertviz_function, args, kwargs):
     if not root_id:
         return bertviz_function(*args, **kwargs)
     container, vis_js = parts
+    # bertviz 1.4.1's neuron view expands into the page's first #vis, another view's if there are
+    # several; point it at its own container.
+    vis_js = vis_js.replace('d3.select("#vis")', "d3.select(`#${config.rootDivId} #vis`)")
     head = _with_note(container) + _libraries_html(libs)
     code = _view_js(root_id, vis_js)
     if action == "return":

@@ -75,7 +75,7 @@ TORCH = ("{torch_pin}", "{torch_min}")  # pinned, and the oldest the course supp
 
 
 def _course_setup():
-    """Find or install course_lib; return None, or one sentence to print."""
+    """Find or install course_lib; return (importable?, one sentence to print or None)."""
     import importlib
     import importlib.metadata as metadata
     import importlib.util
@@ -84,12 +84,17 @@ def _course_setup():
     import sys
     from pathlib import Path
 
+    def ready(message=None):
+        import course_lib  # noqa: F401  (raises here, inside the try below, if it cannot import)
+
+        return True, message
+
     if importlib.util.find_spec("course_lib"):  # installed (`make setup`, pip)
-        return None
+        return ready()
     for folder in (Path.cwd(), Path.cwd().parent):  # a clone that was not installed
         if (folder / "course_lib" / "__init__.py").is_file():
             sys.path.insert(0, str(folder))
-            return None
+            return ready()
 
     def installed(pin):  # numpy and matplotlib: any version (Colab's kernel has imported them)
         name, pinned = pin.split("==")
@@ -119,24 +124,25 @@ def _course_setup():
                               capture_output=True, text=True)
         if done.returncode != 0:
             reason = (done.stderr.strip().splitlines() or ["pip failed"])[-1]
-            return (f"Setup could not install {{what}} ({{reason}}): connect to the "
-                    f"internet, or set COURSE_LIB_SOURCE to a clone of {{COURSE_REPOSITORY}} "
-                    "(or open the lesson from that clone), then run this cell again.")
+            return False, (f"Setup could not install {{what}} ({{reason}}): connect to the "
+                           f"internet, or set COURSE_LIB_SOURCE to a clone of {{COURSE_REPOSITORY}} "
+                           "(or open the lesson from that clone), then run this cell again.")
     importlib.invalidate_caches()
-    import course_lib  # noqa: F401
-    where = "COURSE_LIB_SOURCE" if source else "the course repository"
-    return f"Installed course_lib from {{where}}."
+    return ready("Installed course_lib from "
+                 + ("COURSE_LIB_SOURCE." if source else "the course repository."))
 
 
 try:
-    _message = _course_setup()
+    _ready, _message = _course_setup()
 except Exception as error:  # a setup cell must never end in a traceback
-    _message = (f"Setup failed ({{type(error).__name__}}: {{error}}): run `pip install -r "
-                f"requirements.txt` and `pip install -e .` in a clone of {{COURSE_REPOSITORY}}, "
-                "then restart the kernel.")
+    _ready, _message = False, (
+        f"Setup failed ({{type(error).__name__}}: {{error}}): run `pip install -r requirements.txt` "
+        f"and `pip install -e .` in a clone of {{COURSE_REPOSITORY}}, then restart the kernel.")
 if _message:
     print(_message)
-del _course_setup, _message'''
+if _ready:
+    import course_lib  # the lessons use the name course_lib
+del _course_setup, _ready, _message'''
 
 
 def course_settings() -> dict:

@@ -106,3 +106,50 @@ def test_readme_documents_the_same_test_command():
     assert match, "README has no `python -m pytest ...` line"
     assert shlex.split(match.group(1)) == shlex.split(_make_variable("PYTEST_ARGS"))
     assert "torch==2.13.0" in readme
+
+
+def test_ci_installs_chromium_and_runs_make_test_browser():
+    ci = (ROOT / ".ci" / "run").read_text()
+    commands = [line.strip() for line in ci.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    assert commands.index("make test") < commands.index("make test-browser")
+    assert re.search(r"apt-get update", ci) and re.search(r"apt-get install -y .*\bchromium\b", ci)
+    assert "command -v chromium" in ci  # only when it is missing
+
+
+def test_make_test_browser_runs_the_browser_test_on_every_lesson():
+    assert re.search(r"^test-browser:\s*setup\b", (ROOT / "Makefile").read_text(), flags=re.M)
+    assert "$(PY) scripts/browser_test.py notebooks/*.ipynb" in _recipe("test-browser")
+    assert "build/" in (ROOT / ".gitignore").read_text().split()  # screenshots are not committed
+
+
+def test_make_setup_installs_no_user_wide_kernel():
+    """A user-wide kernel would run whichever clone ran setup last; the venv's own one cannot."""
+    recipe = " ".join(_recipe("$(STAMP)"))
+    installs = re.findall(r"ipykernel install([^;]*?)(?:$|\s\$\(|\s@)", recipe)
+    assert installs, "make setup installs the kernel"
+    for options in installs:
+        assert "--sys-prefix" in options and "--user" not in options
+        assert "--name python3" in options  # the kernelspec every notebook asks for
+
+
+def test_vendored_javascript_is_pinned_by_version_and_hash():
+    lines = [line.split("#")[0].strip() for line in (ROOT / "requirements-js.txt").read_text().splitlines()]
+    pins = [line for line in lines if line]
+    assert len(pins) == 2
+    for pin in pins:
+        assert re.fullmatch(r"[a-z0-9\-]+==[\w.]+ --hash=sha256:[0-9a-f]{64}", pin), pin
+    assert "--require-hashes -r requirements-js.txt" in " ".join(_recipe("$(STAMP)"))
+    from course_lib.bertviz_views import VENDORED
+
+    assert {pin.split("==")[0] for pin in pins} == {dist for dist, _, _ in VENDORED.values()}
+
+
+def test_repository_url_is_set_in_one_place():
+    import tomllib
+
+    course = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["course"]
+    assert re.fullmatch(r"https://github\.com/[\w.-]+/[\w.-]+", course["repository"])
+    assert course["branch"] and re.fullmatch(r"\d+\.\d+", course["torch_min"])
+    # Nothing else hard-codes it: the notebooks get it from scripts/sync_notebooks.py.
+    for path in [ROOT / "Makefile", ROOT / "scripts" / "sync_notebooks.py", *ROOT.glob("course_lib/*.py")]:
+        assert course["repository"] not in path.read_text(), path

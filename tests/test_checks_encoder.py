@@ -1,4 +1,4 @@
-"""The lesson-04 checkers accept correct code and name each typical mistake."""
+"""The lesson-04 checkers accept correct code in several styles and name each typical mistake."""
 
 from __future__ import annotations
 
@@ -9,7 +9,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from course_lib import EncoderLayer, FeedForward, MultiHeadAttention
-from course_lib.checks import check_encoder_layer, check_feed_forward, check_layer_norm
+from course_lib.checks import (
+    check_encoder_layer, check_encoder_layer_params, check_feed_forward, check_layer_norm,
+    check_layer_norm_prediction, check_repaired_encoder_block,
+)
+from course_lib.solutions.lesson04 import RepairedEncoderLayer
 
 # --------------------------------------------------------------------------- feed-forward
 
@@ -310,3 +314,204 @@ def test_encoder_layer_forward_unimplemented(capsys):
 
     assert check_encoder_layer(HalfDone) is None
     assert "`HalfDone` is not implemented yet" in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------------- other correct styles
+
+
+class _FusedAttention(nn.Module):
+    """Multi-head attention with course_lib's parameter names around PyTorch's fused kernel.
+
+    It only takes 4-D masks (B, 1 or h, L_q, L_k), as code written for F.scaled_dot_product_attention
+    often does: the checker must hand it the same masks as 4-D.
+    """
+
+    def __init__(self, d_model, num_heads):
+        super().__init__()
+        self.h = num_heads
+        self.q_proj, self.k_proj, self.v_proj, self.out_proj = (nn.Linear(d_model, d_model) for _ in range(4))
+
+    def forward(self, q, k, v, mask=None):
+        if mask is not None and mask.dim() != 4:
+            raise ValueError(f"mask must be 4-D, got {tuple(mask.shape)}")
+        B, L, d = q.shape
+
+        def split(t):  # (B, L, d) -> (B, h, L, d / h)
+            return t.view(B, -1, self.h, d // self.h).transpose(1, 2)
+
+        out = F.scaled_dot_product_attention(split(self.q_proj(q)), split(self.k_proj(k)),
+                                             split(self.v_proj(v)), attn_mask=mask)
+        return self.out_proj(out.transpose(1, 2).reshape(B, L, d))
+
+
+class _FunctionalNorm(nn.Module):
+    def __init__(self, d_model):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d_model))
+        self.bias = nn.Parameter(torch.zeros(d_model))
+
+    def forward(self, x):
+        return F.layer_norm(x, x.shape[-1:], self.weight, self.bias, 1e-5)
+
+
+class FusedLayer(nn.Module):
+    """A correct post-LN layer in another style: fused attention, 4-D masks only, F.layer_norm."""
+
+    def __init__(self, d_model, num_heads, d_ff, dropout=0.1):
+        super().__init__()
+        self.self_attn = _FusedAttention(d_model, num_heads)
+        self.feed_forward = FeedForward(d_model, d_ff, dropout=dropout)
+        self.norm1, self.norm2 = _FunctionalNorm(d_model), _FunctionalNorm(d_model)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x, mask=None):
+        x = self.norm1(x + self.drop(self.self_attn(x, x, x, mask)))
+        return self.norm2(x + self.drop(self.feed_forward(x)))
+
+
+def test_encoder_layer_fused_attention_and_4d_masks_pass():
+    assert passes(check_encoder_layer, FusedLayer)
+
+
+def test_encoder_layer_einsum_feed_forward_passes():
+    class EinsumLayer(FusedLayer):
+        def forward(self, x, mask=None):
+            x = self.norm1(x + self.self_attn(x, x, x, mask))
+            ff = self.feed_forward
+            hidden = F.relu(torch.einsum("bld,fd->blf", x, ff.linear1.weight) + ff.linear1.bias)
+            return self.norm2(x + torch.einsum("blf,df->bld", hidden, ff.linear2.weight) + ff.linear2.bias)
+
+    assert passes(check_encoder_layer, EinsumLayer)
+
+
+def test_encoder_layer_crash_names_both_mask_ranks():
+    class Crashes(FusedLayer):
+        def forward(self, x, mask=None):
+            raise RuntimeError("boom")
+
+    with pytest.raises(AssertionError, match=r"Your code raised RuntimeError .*boom.*as 4-D .* failed too"):
+        check_encoder_layer(Crashes)
+
+
+# --------------------------------------------------------------------------- the repaired block (Debug)
+
+
+
+class ExitDropout(Layer):
+    def forward(self, x, mask=None):
+        return self.dropout(super().forward(x, mask))
+
+
+class NoDropout(Layer):
+    def forward(self, x, mask=None):
+        x = self.norm1(x + self.attn(x, mask))
+        return self.norm2(x + self.ff(x))
+
+
+def test_repaired_block_passes(capsys):
+    assert passes(check_repaired_encoder_block, RepairedEncoderLayer)
+    assert "check_repaired_encoder_block: all 4 cases pass" in capsys.readouterr().out
+    assert passes(check_repaired_encoder_block, EncoderLayer)  # course_lib's layer, another style
+    assert passes(check_repaired_encoder_block, FusedLayer)
+
+
+@pytest.mark.parametrize(
+    "cls, words",
+    [
+        (layer_variant("seed"), "the residual drops the attention output"),
+        (layer_variant("overwrite"), "the norm overwrites the residual stream"),
+        (layer_variant("dropout_default"), "dropout is active although dropout=0.0"),
+        (ExitDropout, "dropout on the whole stream at the exit"),
+        (NoDropout, "the dropout argument is ignored"),
+    ],
+)
+def test_repaired_block_mistakes(cls, words):
+    with pytest.raises(AssertionError, match=words):
+        check_repaired_encoder_block(cls)
+
+
+def test_repaired_block_unimplemented(capsys):
+    class RepairedEncoderLayer(Layer):
+        def forward(self, x, mask=None):
+            raise NotImplementedError
+
+    assert check_repaired_encoder_block(RepairedEncoderLayer) is None
+    assert "`RepairedEncoderLayer` is not implemented yet" in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------------- Predict: LayerNorm output
+
+_LN_RIGHT = [[-1.34, -0.45, 0.45, 1.34], [-1.34, -0.45, 0.45, 1.34]]
+
+
+def test_layer_norm_prediction_passes(capsys):
+    assert passes(check_layer_norm_prediction, lambda: _LN_RIGHT)
+    assert "check_layer_norm_prediction: right" in capsys.readouterr().out
+    # another form: the exact tensor, computed any way
+    exact = F.layer_norm(torch.tensor([[1.0, 2, 3, 4], [10, 20, 30, 40]]), (4,))
+    assert passes(check_layer_norm_prediction, lambda: exact)
+
+
+@pytest.mark.parametrize(
+    "answer, words",
+    [
+        ([[-1, -1, -1, -1], [1, 1, 1, 1]], "wrong axis"),
+        ([[-1.16, -0.39, 0.39, 1.16]] * 2, "unbiased variance"),
+        ([[-1.34, -0.45, 0.45, 1.34], [-13.42, -4.47, 4.47, 13.42]], "keeps its scale"),
+        ([[-1.5, -0.5, 0.5, 1.5], [-15, -5, 5, 15]], "only the mean is removed"),
+        ([[0.89, 1.79, 2.68, 3.58]] * 2, "without subtracting the mean"),
+        ([[0.0, 0.0, 0.0, 0.0]] * 2, "Not quite. For each token"),
+        ([-1.34, -0.45, 0.45, 1.34], "shape \\(4,\\)"),
+        ("about zero", "could not read your answer"),
+    ],
+)
+def test_layer_norm_prediction_mistakes(answer, words):
+    with pytest.raises(AssertionError, match=words):
+        check_layer_norm_prediction(lambda: answer)
+
+
+def test_layer_norm_prediction_unimplemented(capsys):
+    def predicted_layer_norm_output():
+        raise NotImplementedError
+
+    assert check_layer_norm_prediction(predicted_layer_norm_output) is None
+    assert "is not implemented yet" in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------------- Predict: parameter count
+
+
+def test_encoder_layer_params_passes(capsys):
+    assert passes(check_encoder_layer_params, lambda: 3_152_384)
+    assert "right, 3,152,384" in capsys.readouterr().out
+    assert passes(check_encoder_layer_params, lambda: 3152384.0)  # a float that is a whole number
+
+
+@pytest.mark.parametrize(
+    "answer, words",
+    [
+        (3_147_776, "the biases are missing"),
+        (3_145_728, "the biases and the LayerNorms are missing"),
+        (3_150_336, "the two LayerNorms are missing"),
+        (3_151_360, "only one vector each"),
+        (2_889_728, "the output projection W\\^O is missing"),
+        (10_506_752, "counted once per head"),
+        (2_233_088, "counted for one head only"),
+        (1_577_984, "d_model -> d_model"),
+        (2_103_296, "one linear layer"),
+        (1_000_000, "Not quite \\(1,000,000\\). Count each part"),
+        (3_152_384.5, "Give a whole number"),
+        ("3M", "Give a whole number"),
+    ],
+)
+def test_encoder_layer_params_mistakes(answer, words):
+    with pytest.raises(AssertionError, match=words):
+        check_encoder_layer_params(lambda: answer)
+
+
+def test_encoder_layer_params_unimplemented(capsys):
+    def predicted_encoder_layer_params():
+        raise NotImplementedError
+
+    assert check_encoder_layer_params(predicted_encoder_layer_params) is None
+    assert "is not implemented yet" in capsys.readouterr().out

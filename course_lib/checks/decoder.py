@@ -1,5 +1,6 @@
 """Checkers for the exercises of lesson 05 (the decoder): the decoder's mask, the decoder layer, two
-predictions (cross-attention shapes, where PyTorch returns NaN) and the next-word function to debug."""
+predictions (cross-attention shapes, where PyTorch returns NaN) and the next-word function to
+debug."""
 
 from __future__ import annotations
 
@@ -13,12 +14,14 @@ from ..attention import MultiHeadAttention
 from ..model import Transformer, TransformerConfig
 from ..masks import causal_mask, decoder_self_attention_mask, padding_mask
 from ._common import (
-    CheckFailure, Mistake, broadcasts_to, checker, compare, expect_bool_mask, expect_shape, load_reference_weights,
+    CheckFailure, Mistake, broadcasts_to, checker, compare, expect_bool_mask, expect_shape,
+    load_reference_weights,
     passed, run_learner,
 )
 
 __all__ = [
-    "check_decoder_masks", "check_decoder_layer", "check_cross_attention_shapes", "check_nan_positions",
+    "check_decoder_masks", "check_decoder_layer", "check_cross_attention_shapes",
+    "check_nan_positions",
     "check_next_word_logits",
 ]
 
@@ -28,7 +31,8 @@ __all__ = [
 # --------------------------------------------------------------------------------------------------
 
 def _mask_cases() -> list[tuple[str, torch.Tensor, int]]:
-    """(description, tgt ids (B, L), pad_id). Left padding makes the padding part visible on real rows."""
+    """(description, tgt ids (B, L), pad_id). Left padding makes the padding part visible on real
+    rows."""
     g = torch.Generator().manual_seed(5)
     right = torch.randint(3, 9, (3, 6), generator=g)
     right[0, 4:] = 0  # two pads at the end
@@ -55,18 +59,22 @@ def _mask_mistakes(shape: tuple[int, int, int]) -> list[Mistake]:
     def key_pad(ids: torch.Tensor, pad_id: int) -> torch.Tensor:
         return (ids != pad_id).unsqueeze(1)  # (B, 1, L): one row of visible keys
 
-    def mk(f: Callable[[torch.Tensor, int], torch.Tensor]) -> Callable[[torch.Tensor, int], torch.Tensor]:
+    MaskFn = Callable[[torch.Tensor, int], torch.Tensor]
+
+    def mk(f: MaskFn) -> MaskFn:
         return lambda ids, pad_id: f(ids, pad_id).expand(shape)
 
     return [
-        Mistake(  # first: with pad_id=0 it equals the reference, so it only ever matches when pad_id != 0
+        # first: with pad_id=0 it equals the reference, so it only ever matches when pad_id != 0
+        Mistake(
             "pad id hard-coded as 0",
             "Compare with the `pad_id` argument, not with 0.",
             mk(lambda ids, p: (ids != 0).unsqueeze(1) & causal(ids.size(1))),
         ),
         Mistake(
             "causal only, padding ignored",
-            "Queries can attend to padding keys. Combine both: `padding_mask(tgt, pad_id) & causal_mask(L)`.",
+            "Queries can attend to padding keys. Combine both: `padding_mask(tgt, pad_id) & "
+            "causal_mask(L)`.",
             mk(lambda ids, p: causal(ids.size(1)).unsqueeze(0)),
         ),
         Mistake(
@@ -77,17 +85,20 @@ def _mask_mistakes(shape: tuple[int, int, int]) -> list[Mistake]:
         ),
         Mistake(
             "upper triangle: the future instead of the past",
-            "`triu` keeps keys s >= t; the decoder may see s <= t, which is `tril` (row = query, column = key).",
+            "`triu` keeps keys s >= t; the decoder may see s <= t, which is `tril` (row = query, "
+            "column = key).",
             mk(lambda ids, p: key_pad(ids, p) & causal(ids.size(1)).T),
         ),
         Mistake(
             "upper triangle: the future instead of the past",
-            "`triu` keeps keys s >= t; the decoder may see s <= t, which is `tril` (row = query, column = key).",
+            "`triu` keeps keys s >= t; the decoder may see s <= t, which is `tril` (row = query, "
+            "column = key).",
             mk(lambda ids, p: key_pad(ids, p) & causal(ids.size(1)).T.triu(1)),
         ),
         Mistake(
             "diagonal excluded",
-            "A position may attend to itself: use `tril()` (diagonal=0), not `tril(-1)`; otherwise the first "
+            "A position may attend to itself: use `tril()` (diagonal=0), not `tril(-1)`; otherwise "
+            "the first "
             "position sees nothing at all.",
             mk(lambda ids, p: key_pad(ids, p) & causal(ids.size(1)).tril(-1)),
         ),
@@ -99,7 +110,8 @@ def _mask_mistakes(shape: tuple[int, int, int]) -> list[Mistake]:
         ),
         Mistake(
             "padding applied on the query axis instead of the key axis",
-            "The padding mask hides padding *keys* (columns): `(tgt != pad_id).unsqueeze(1)` -> (B, 1, L), "
+            "The padding mask hides padding *keys* (columns): `(tgt != pad_id).unsqueeze(1)` -> "
+            "(B, 1, L), "
             "not `.unsqueeze(2)` -> (B, L, 1), which blanks whole rows.",
             mk(lambda ids, p: (ids != p).unsqueeze(2) & causal(ids.size(1))),
         ),
@@ -116,12 +128,15 @@ def check_decoder_masks(fn: Callable[[torch.Tensor, int], torch.Tensor]) -> None
     for case, ids, pad_id in cases:
         B, L = ids.shape
         got = run_learner(fn, ids.clone(), pad_id, case=case,
-                          hint="Build the mask from (tgt != pad_id).unsqueeze(1) and a (L, L) tril, combined with &.")
+                          hint="Build the mask from (tgt != pad_id).unsqueeze(1) and a (L, L) "
+                               "tril, combined with &.")
         expect_bool_mask(got, case, "Build it with comparisons and `&`, or "
                                     "`torch.ones(L, L, dtype=torch.bool).tril()`.")
-        if not broadcasts_to(got, (B, L, L), same_rank=False):  # an (L, L) causal-only mask is named below
+        # an (L, L) causal-only mask is named below
+        if not broadcasts_to(got, (B, L, L), same_rank=False):
             raise CheckFailure(
-                f"Wrong mask shape ({case}): {tuple(got.shape)} does not broadcast to (B, L, L) = {(B, L, L)}. "
+                f"Wrong mask shape ({case}): {tuple(got.shape)} does not broadcast to (B, L, L) = "
+                f"{(B, L, L)}. "
                 "Combine a (B, 1, L) padding mask with an (L, L) causal mask."
             )
         expected = decoder_self_attention_mask(ids, pad_id)
@@ -184,7 +199,8 @@ def _layer_mistakes(ref: DecoderLayer) -> list[Mistake]:
     return [
         Mistake(
             "cross-attention keys and values come from the decoder instead of memory",
-            "In cross-attention the queries come from the decoder (x) and the keys and values from the "
+            "In cross-attention the queries come from the decoder (x) and the keys and values from "
+            "the "
             "encoder output: `self.cross_attn(x, memory, memory, memory_mask)`.",
             _variant(ref, kv_from_decoder=True),
         ),
@@ -201,27 +217,34 @@ def _layer_mistakes(ref: DecoderLayer) -> list[Mistake]:
         ),
         Mistake(
             "memory mask ignored in cross-attention (source padding is visible)",
-            "Pass memory_mask to the cross-attention: `self.cross_attn(x, memory, memory, memory_mask)`.",
+            "Pass memory_mask to the cross-attention: `self.cross_attn(x, memory, memory, "
+            "memory_mask)`.",
             _variant(ref, cross_mask=None),
         ),
         Mistake(
             "tgt_mask and memory_mask swapped",
-            "Self-attention over the target uses tgt_mask; cross-attention over the source uses memory_mask.",
+            "Self-attention over the target uses tgt_mask; cross-attention over the source uses "
+            "memory_mask.",
             _variant(ref, self_mask="memory", cross_mask="tgt"),
         ),
         Mistake(
             "cross-attention given tgt_mask instead of memory_mask",
-            "Cross-attention looks at source positions, so it needs the source padding mask memory_mask.",
+            "Cross-attention looks at source positions, so it needs the source padding mask "
+            "memory_mask.",
             _variant(ref, cross_mask="tgt"),
         ),
         Mistake(
             "sublayers in the wrong order (cross-attention before self-attention)",
-            "The order is: masked self-attention (norm1), cross-attention (norm2), feed-forward (norm3).",
+            "The order is: masked self-attention (norm1), cross-attention (norm2), feed-forward "
+            "(norm3).",
             _variant(ref, cross_first=True),
         ),
-        Mistake("residual dropped around the self-attention", residual_hint, _variant(ref, drop_residual="self")),
-        Mistake("residual dropped around the cross-attention", residual_hint, _variant(ref, drop_residual="cross")),
-        Mistake("residual dropped around the feed-forward", residual_hint, _variant(ref, drop_residual="ff")),
+        Mistake("residual dropped around the self-attention", residual_hint,
+                _variant(ref, drop_residual="self")),
+        Mistake("residual dropped around the cross-attention", residual_hint,
+                _variant(ref, drop_residual="cross")),
+        Mistake("residual dropped around the feed-forward", residual_hint,
+                _variant(ref, drop_residual="ff")),
         Mistake(
             "pre-LN instead of post-LN",
             "This exercise builds the paper's post-LN layer: `x = norm(x + sublayer(x))`, not "
@@ -240,21 +263,25 @@ def _layer_cases() -> list[tuple[str, int, int, int]]:
     ]
 
 
-def _run_layer(mine: nn.Module, x: torch.Tensor, memory: torch.Tensor, tgt_mask, memory_mask, case: str):
+def _run_layer(mine: nn.Module, x: torch.Tensor, memory: torch.Tensor, tgt_mask, memory_mask,
+               case: str):
     """Run the learner's layer; if the 3-D masks make it crash, try them as 4-D (B, 1, L_q, L_k).
 
     Any mask rank ``MultiHeadAttention`` accepts is correct, so a layer written for 4-D masks (for
     example around ``F.scaled_dot_product_attention``) passes too.
     """
-    hint = ("If it is a shape error in cross-attention, check that keys and values come from memory "
+    hint = ("If it is a shape error in cross-attention, check that keys and values come from "
+            "memory "
             "and the query from x.")
     try:
-        return run_learner(mine, x.clone(), memory.clone(), tgt_mask, memory_mask, case=case, hint=hint)
+        return run_learner(mine, x.clone(), memory.clone(), tgt_mask, memory_mask, case=case,
+                           hint=hint)
     except CheckFailure as first:
         if tgt_mask is None or tgt_mask.dim() != 3:
             raise
         try:
-            return run_learner(mine, x.clone(), memory.clone(), tgt_mask.unsqueeze(1), memory_mask.unsqueeze(1),
+            return run_learner(mine, x.clone(), memory.clone(), tgt_mask.unsqueeze(1),
+                               memory_mask.unsqueeze(1),
                                case=case + ", masks given as 4-D", hint=hint)
         except CheckFailure:
             raise CheckFailure(f"{first} (The same masks as 4-D (B, 1, L_q, L_k) failed too.)")
@@ -262,7 +289,8 @@ def _run_layer(mine: nn.Module, x: torch.Tensor, memory: torch.Tensor, tgt_mask,
 
 @checker
 def check_decoder_layer(cls: type[nn.Module]) -> None:
-    """``cls(d_model, num_heads, d_ff, dropout=0.0)``, ``forward(x, memory, tgt_mask=None, memory_mask=None)``.
+    """``cls(d_model, num_heads, d_ff, dropout=0.0)``,
+    ``forward(x, memory, tgt_mask=None, memory_mask=None)``.
 
     Compared with ``course_lib.DecoderLayer`` (post-LN) after copying its weights into yours.
     """
@@ -274,7 +302,8 @@ def check_decoder_layer(cls: type[nn.Module]) -> None:
         ref = DecoderLayer(d_model, num_heads, d_ff, dropout=0.0)
         load_reference_weights(
             mine, ref.state_dict(), "Your decoder layer",
-            "Name the submodules self_attn, cross_attn (MultiHeadAttention), feed_forward (FeedForward with "
+            "Name the submodules self_attn, cross_attn (MultiHeadAttention), feed_forward "
+            "(FeedForward with "
             "linear1/linear2), norm1, norm2, norm3.",
         )
         mine.eval()
@@ -297,7 +326,8 @@ def check_decoder_layer(cls: type[nn.Module]) -> None:
                              f"{case}, x {tuple(x.shape)}, memory {tuple(memory.shape)}")
             expect_shape(
                 got, (B, L_t, d_model), f"DecoderLayer output ({case})",
-                "A decoder layer returns one vector per target position: (B, L_t, d_model), like x.",
+                "A decoder layer returns one vector per target position: (B, L_t, d_model), like "
+                "x.",
             )
             expected = ref(x, memory, tgt_mask, memory_mask)
             compare(got, expected, inputs, _layer_mistakes(ref), case)
@@ -312,7 +342,8 @@ def _as_shape(value, what: str) -> tuple[int, ...]:
     try:
         return tuple(int(v) for v in value)
     except (TypeError, ValueError) as err:
-        raise CheckFailure(f"{what} should be a tuple of ints such as (2, 3), got {value!r}.") from err
+        raise CheckFailure(f"{what} should be a tuple of ints such as (2, 3), got {value!r}.") \
+            from err
 
 
 @checker
@@ -323,7 +354,8 @@ def check_cross_attention_shapes(fn: Callable[[], tuple]) -> None:
     answer = fn()
     if not isinstance(answer, (tuple, list)) or len(answer) != 2:
         raise CheckFailure(f"Return two shapes, (output shape, weights shape), got {answer!r}.")
-    out_shape, w_shape = _as_shape(answer[0], "The output shape"), _as_shape(answer[1], "The weights shape")
+    out_shape = _as_shape(answer[0], "The output shape")
+    w_shape = _as_shape(answer[1], "The weights shape")
     B, L_t, L_s, d_model, h = 2, 5, 6, 32, 4
     attn = MultiHeadAttention(d_model, h)
     with torch.no_grad():
@@ -333,28 +365,35 @@ def check_cross_attention_shapes(fn: Callable[[], tuple]) -> None:
     problems = []
     if out_shape != true_out:
         if out_shape == (B, L_s, d_model):
-            problems.append(f"output {out_shape}: the output has one vector per QUERY, and the queries are the "
-                            f"{L_t} target positions; the source length only enters through keys and values")
+            problems.append(f"output {out_shape}: the output has one vector per QUERY, and the "
+                            "queries are the "
+                            f"{L_t} target positions; the source length only enters through keys "
+                            "and values")
         elif out_shape == (B, h, L_t, d_model // h):
-            problems.append(f"output {out_shape}: that is the per-head result before merge_heads and out_proj; "
+            problems.append(f"output {out_shape}: that is the per-head result before merge_heads "
+                            "and out_proj; "
                             "the layer returns (B, L_t, d_model)")
         else:
             problems.append(f"output {out_shape}: expected (B, L_t, d_model)")
     if w_shape != true_w:
         if w_shape == (B, h, L_s, L_t):
-            problems.append(f"weights {w_shape}: rows are queries (target positions), columns are keys "
+            problems.append(f"weights {w_shape}: rows are queries (target positions), columns are "
+                            "keys "
                             "(source positions), so (B, h, L_t, L_s)")
         elif w_shape == (B, L_t, L_s):
-            problems.append(f"weights {w_shape}: every head has its own weights, so there is a head axis: "
+            problems.append(f"weights {w_shape}: every head has its own weights, so there is a "
+                            "head axis: "
                             "(B, h, L_t, L_s)")
         elif w_shape in ((B, h, L_t, L_t), (B, h, L_s, L_s)):
-            problems.append(f"weights {w_shape}: cross-attention is rectangular, one row per target position "
+            problems.append(f"weights {w_shape}: cross-attention is rectangular, one row per "
+                            "target position "
                             "and one column per source position")
         else:
             problems.append(f"weights {w_shape}: expected (B, num_heads, L_q, L_k)")
     if problems:
         raise CheckFailure("Not quite: " + "; ".join(problems) + ".")
-    print(f"check_cross_attention_shapes: right, output {true_out} (one vector per target position) and "
+    print(f"check_cross_attention_shapes: right, output {true_out} (one vector per target "
+          "position) and "
           f"weights {true_w} (target rows, source columns).")
 
 
@@ -364,7 +403,8 @@ def check_cross_attention_shapes(fn: Callable[[], tuple]) -> None:
 
 @checker
 def check_nan_positions(fn: Callable[[], list]) -> None:
-    """Predict: ``fn()`` lists the query positions (0 ... 4) at which ``nn.MultiheadAttention`` returns NaN
+    """Predict: ``fn()`` lists the query positions (0 ... 4) at which ``nn.MultiheadAttention``
+    returns NaN
     when given ``attn_mask=causal_mask(5)`` unconverted (PyTorch reads True as "forbidden")."""
     answer = fn()
     try:
@@ -376,23 +416,32 @@ def check_nan_positions(fn: Callable[[], list]) -> None:
     mha = nn.MultiheadAttention(8, 2, batch_first=True).eval()
     x = torch.randn(1, L, 8)
     with torch.no_grad():
-        out, _ = mha(x, x, x, attn_mask=causal_mask(L))  # our convention, read by PyTorch as "forbidden"
+        # our convention, read by PyTorch as "forbidden"
+        out, _ = mha(x, x, x, attn_mask=causal_mask(L))
     truth = torch.isnan(out[0]).any(-1).nonzero().flatten().tolist()
     assert truth == [L - 1]
     if got == truth:
-        print(f"check_nan_positions: right, only position {L - 1}. PyTorch reads True as 'forbidden', so query t "
-              f"sees only keys after t; the last query has none left, and softmax over all -inf is 0/0 = NaN.")
+        print(f"check_nan_positions: right, only position {L - 1}. PyTorch reads True as "
+              "'forbidden', so query t "
+              "sees only keys after t; the last query has none left, and softmax over all -inf is "
+              "0/0 = NaN.")
         return
     hints = {
-        (): "Not every library turns a row with no visible key into zeros as course_lib does: here the softmax "
+        (): "Not every library turns a row with no visible key into zeros as course_lib does: "
+            "here the softmax "
             "runs over a row of -inf and returns 0/0 = NaN.",
-        (0,): "You read the mask in our convention. PyTorch reads True as 'forbidden', so causal_mask hides "
-              "keys s <= t: query 0 still sees keys 1 to 4. Which query is left with no key at all?",
-        tuple(range(L)): "Each query row has its own softmax, so a NaN appears only in the rows that have no "
-                         "visible key; in one attention layer it does not spread to the other rows.",
+        (0,): "You read the mask in our convention. PyTorch reads True as 'forbidden', so "
+              "causal_mask hides "
+              "keys s <= t: query 0 still sees keys 1 to 4. Which query is left with no key at "
+              "all?",
+        tuple(range(L)): "Each query row has its own softmax, so a NaN appears only in the rows "
+                         "that have no "
+                         "visible key; in one attention layer it does not spread to the other "
+                         "rows.",
     }
     raise CheckFailure(f"Not quite ({got}). " + hints.get(tuple(got), (
-        "PyTorch reads True as 'forbidden': the lower triangle hides keys s <= t. For each query t, list the "
+        "PyTorch reads True as 'forbidden': the lower triangle hides keys s <= t. For each query "
+        "t, list the "
         "keys it may still see; a NaN comes out where that list is empty.")))
 
 
@@ -403,7 +452,8 @@ def check_nan_positions(fn: Callable[[], list]) -> None:
 def _next_word_model() -> Transformer:
     torch.manual_seed(55)
     config = TransformerConfig(src_vocab_size=12, tgt_vocab_size=12, d_model=16, num_heads=2,
-                               num_encoder_layers=1, num_decoder_layers=1, d_ff=32, max_len=16, pad_id=0)
+                               num_encoder_layers=1, num_decoder_layers=1, d_ff=32, max_len=16,
+                               pad_id=0)
     return Transformer(config).eval()
 
 
@@ -424,7 +474,8 @@ def _next_word_cases() -> list[tuple[str, torch.Tensor, torch.Tensor]]:
 
 @checker
 def check_next_word_logits(fn: Callable) -> None:
-    """Debug: ``fn(model, src (B, L_s), tgt (B, L_t)) -> (B, vocab)``, the scores for the word after ``tgt``,
+    """Debug: ``fn(model, src (B, L_s), tgt (B, L_t)) -> (B, vocab)``, the scores for the word
+    after ``tgt``,
     equal to ``model(src, tgt)[:, -1]`` for a ``course_lib.Transformer``."""
     model = _next_word_model()
     pad = model.config.pad_id
@@ -437,8 +488,10 @@ def check_next_word_logits(fn: Callable) -> None:
 
     mistakes = [
         Mistake("the source mask is missing in decode (cross-attention sees the <pad> sources)",
-                "Pass the mask you gave encode to decode as well: model.decode(tgt, memory, src_mask). "
-                "Cross-attention's keys are the source positions, and without the mask every target position "
+                "Pass the mask you gave encode to decode as well: model.decode(tgt, memory, "
+                "src_mask). "
+                "Cross-attention's keys are the source positions, and without the mask every "
+                "target position "
                 "attends to the encoder's <pad> vectors.",
                 lambda src, tgt: without_source_mask(src, tgt)),
         Mistake("the source mask is missing in encode and in decode",
@@ -459,5 +512,6 @@ def check_next_word_logits(fn: Callable) -> None:
             expect_shape(got, expected.shape, f"the next-word scores ({case})",
                          "Return one score per vocabulary word for each sentence: (B, vocab).")
             compare(got, expected, (src, tgt), mistakes, case)
-    print(f"check_next_word_logits: all {len(cases)} cases match model(src, tgt)[:, -1]. With the source mask, "
+    print(f"check_next_word_logits: all {len(cases)} cases match model(src, tgt)[:, -1]. With the "
+          "source mask, "
           "padding the source no longer changes the scores. Well done!")

@@ -1,4 +1,5 @@
-"""Checkers for the exercises of lesson 04 (the encoder): feed-forward, LayerNorm, encoder layer."""
+"""Checkers for the exercises of lesson 04 (the encoder): feed-forward, LayerNorm, encoder layer,
+two predictions (a LayerNorm output, an encoder layer's parameter count) and the repaired block."""
 
 from __future__ import annotations
 
@@ -11,9 +12,15 @@ from torch import nn
 
 from ..layers import EncoderLayer, FeedForward
 from ..masks import causal_mask
-from ._common import CheckFailure, Mistake, checker, compare, expect_shape, load_reference_weights, passed, run_learner
+from ._common import (
+    CheckFailure, Mistake, checker, compare, expect_shape, load_reference_weights, passed,
+    run_learner,
+)
 
-__all__ = ["check_feed_forward", "check_layer_norm", "check_encoder_layer"]
+__all__ = [
+    "check_feed_forward", "check_layer_norm", "check_encoder_layer", "check_layer_norm_prediction",
+    "check_encoder_layer_params", "check_repaired_encoder_block",
+]
 
 
 def _build(cls: type, *args: Any, **kwargs: Any) -> nn.Module:
@@ -33,7 +40,8 @@ def _randomize_norms(module: nn.Module, gen: torch.Generator) -> None:
                 m.bias.copy_(0.3 * torch.randn(m.bias.shape, generator=gen))
 
 
-_RUN_HINT = ("If it is a shape error, print the shapes of the intermediate tensors (a mean or variance "
+_RUN_HINT = ("If it is a shape error, print the shapes of the intermediate tensors (a mean or "
+             "variance "
              "taken without keepdim=True is a common cause).")
 
 
@@ -66,7 +74,8 @@ def check_feed_forward(cls: type) -> None:
                     "apply ReLU between linear1 and linear2.",
                     lambda x: l2(l1(x))),
             Mistake("the activation is applied after linear2 instead of between the layers",
-                    "The paper's FFN is max(0, x W1 + b1) W2 + b2: ReLU on the d_ff-wide hidden layer, "
+                    "The paper's FFN is max(0, x W1 + b1) W2 + b2: ReLU on the d_ff-wide hidden "
+                    "layer, "
                     "nothing after linear2.",
                     lambda x: F.relu(l2(l1(x)))),
             Mistake("GELU is used where the paper's ReLU was asked",
@@ -82,7 +91,8 @@ def check_feed_forward(cls: type) -> None:
 
 
 def _ln(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float,
-        dims: tuple[int, ...] = (-1,), unbiased: bool = False, eps_outside: bool = False) -> torch.Tensor:
+        dims: tuple[int, ...] = (-1,), unbiased: bool = False,
+        eps_outside: bool = False) -> torch.Tensor:
     """LayerNorm and its usual wrong variants (statistics over ``dims``)."""
     mean = x.mean(dim=dims, keepdim=True)
     var = x.var(dim=dims, keepdim=True, unbiased=unbiased)
@@ -103,11 +113,13 @@ def _layer_norm_mistakes(weight: torch.Tensor, bias: torch.Tensor, eps: float) -
                 "variance is small.",
                 lambda x: _ln(x, weight, bias, eps, eps_outside=True)),
         Mistake("eps outside the square root AND unbiased variance",
-                "Use torch.sqrt(x.var(dim=-1, unbiased=False, keepdim=True) + eps) (x.std's default is "
+                "Use torch.sqrt(x.var(dim=-1, unbiased=False, keepdim=True) + eps) (x.std's "
+                "default is "
                 "unbiased, too).",
                 lambda x: _ln(x, weight, bias, eps, unbiased=True, eps_outside=True)),
         Mistake("normalizing over the wrong axis (the sequence axis instead of the features)",
-                "LayerNorm normalizes each token's feature vector: take mean and variance over dim=-1, "
+                "LayerNorm normalizes each token's feature vector: take mean and variance over "
+                "dim=-1, "
                 "not over the positions (dim=1).",
                 lambda x: _ln(x, weight, bias, eps, dims=(-2,))),
         Mistake("normalizing over the wrong axis (the batch axis instead of the features)",
@@ -119,7 +131,8 @@ def _layer_norm_mistakes(weight: torch.Tensor, bias: torch.Tensor, eps: float) -
                 "y * weight + bias.",
                 lambda x: _ln(x, None, None, eps)),
         Mistake("the gain and bias are missing and the variance is unbiased",
-                "Multiply by weight and add bias at the end, and use x.var(dim=-1, unbiased=False).",
+                "Multiply by weight and add bias at the end, and use x.var(dim=-1, "
+                "unbiased=False).",
                 lambda x: _ln(x, None, None, eps, unbiased=True)),
     ]
 
@@ -132,12 +145,14 @@ def check_layer_norm(candidate: Any) -> None:
     ``cls(d_model, eps=...)`` with parameters ``weight`` (gain) and ``bias`` like ``nn.LayerNorm``.
     """
     # (shape, eps, scale of x): the small-scale case makes "eps outside the sqrt" visible
-    cases = [((2, 5, 16), 1e-5, 1.0), ((3, 4, 8), 1e-3, 0.02), ((1, 6, 6), 1e-5, 4.0), ((4, 10), 1e-5, 1.0)]
+    cases = [((2, 5, 16), 1e-5, 1.0), ((3, 4, 8), 1e-3, 0.02), ((1, 6, 6), 1e-5, 4.0),
+             ((4, 10), 1e-5, 1.0)]
     is_class = inspect.isclass(candidate)
     gen = torch.Generator().manual_seed(4)
     for shape, eps, scale in cases:
         d = shape[-1]
-        x = scale * torch.randn(shape, generator=gen) + 3.0 * torch.randn(shape[:-1] + (1,), generator=gen)
+        offset = 3.0 * torch.randn(shape[:-1] + (1,), generator=gen)
+        x = scale * torch.randn(shape, generator=gen) + offset
         weight = 1.0 + 0.5 * torch.randn(d, generator=gen)
         bias = 0.5 * torch.randn(d, generator=gen)
         expected = F.layer_norm(x, (d,), weight, bias, eps)
@@ -147,8 +162,10 @@ def check_layer_norm(candidate: Any) -> None:
             params = dict(module.named_parameters())
             if "weight" not in params or "bias" not in params:
                 raise CheckFailure(
-                    "Likely mistake: the gain and bias are missing. Your class should own two learned "
-                    f"parameters named `weight` (gain, ones) and `bias` (zeros) of shape ({d},), like "
+                    "Likely mistake: the gain and bias are missing. Your class should own two "
+                    "learned "
+                    f"parameters named `weight` (gain, ones) and `bias` (zeros) of shape ({d},), "
+                    "like "
                     f"nn.LayerNorm; it has {sorted(params)}."
                 )
             if params["weight"].shape != (d,) or params["bias"].shape != (d,):
@@ -188,17 +205,22 @@ def _encoder_layer_mistakes(ref: EncoderLayer, mask: torch.Tensor | None) -> lis
         return x + ff(x)
 
     drop_hint = ("The attention output never reaches the result, so the layer ignores attention "
-                 "entirely. Add the sublayer's OUTPUT to its input: x = norm1(x + self_attn(x, x, x, mask)).")
+                 "entirely. Add the sublayer's OUTPUT to its input: x = norm1(x + self_attn(x, x, "
+                 "x, mask)).")
     missing_hint = ("Each sublayer's input must be added back before the norm: "
                     "x = norm1(x + self_attn(x, x, x, mask)); x = norm2(x + feed_forward(x)).")
     return [
-        Mistake("the residual drops the attention output (x + x instead of x + attention)", drop_hint,
+        Mistake("the residual drops the attention output (x + x instead of x + attention)",
+                drop_hint,
                 lambda x: (lambda h: n2(h + ff(h)))(n1(x + x))),
-        Mistake("the residual drops the attention output (x + x instead of x + attention), and the norm "
+        Mistake("the residual drops the attention output (x + x instead of x + attention), and "
+                "the norm "
                 "overwrites the residual stream",
-                drop_hint + " Then normalize the sum of the feed-forward sublayer: x = norm2(x + feed_forward(x)).",
+                drop_hint + " Then normalize the sum of the feed-forward sublayer: "
+                "x = norm2(x + feed_forward(x)).",
                 lambda x: (lambda h: h + ff(h))(n2(x + x))),
-        Mistake("the residual drops the attention output (the attention result is never used)", drop_hint,
+        Mistake("the residual drops the attention output (the attention result is never used)",
+                drop_hint,
                 lambda x: (lambda h: n2(h + ff(h)))(n1(x))),
         Mistake("a residual connection is missing (around the attention)", missing_hint,
                 lambda x: (lambda h: n2(h + ff(h)))(n1(attn(x)))),
@@ -207,33 +229,53 @@ def _encoder_layer_mistakes(ref: EncoderLayer, mask: torch.Tensor | None) -> lis
         Mistake("a residual connection is missing (around both sublayers)", missing_hint,
                 lambda x: (lambda h: n2(ff(h)))(n1(attn(x)))),
         Mistake("the norm comes before the sublayer (pre-LN) where post-LN was asked",
-                "This exercise builds the paper's post-LN layer: x = norm1(x + self_attn(x, x, x, mask)), "
-                "then x = norm2(x + feed_forward(x)). Pre-LN would be x = x + self_attn(norm1(x), ...).",
+                "This exercise builds the paper's post-LN layer: x = norm1(x + self_attn(x, x, x, "
+                "mask)), "
+                "then x = norm2(x + feed_forward(x)). Pre-LN would be x = x + self_attn(norm1(x), "
+                "...).",
                 lambda x: (lambda h: h + ff(n2(h)))(x + attn(n1(x)))),
         Mistake("the norm overwrites the residual stream (x = norm(x), then x = x + sublayer(x))",
-                "Normalize the SUM: x = norm1(x + self_attn(x, x, x, mask)); do not replace x by its "
+                "Normalize the SUM: x = norm1(x + self_attn(x, x, x, mask)); do not replace x by "
+                "its "
                 "norm before adding the sublayer.",
                 overwritten),
         Mistake("the mask is ignored",
-                "Pass the mask to the attention: self_attn(x, x, x, mask); padded keys must stay hidden.",
+                "Pass the mask to the attention: self_attn(x, x, x, mask); padded keys must stay "
+                "hidden.",
                 lambda x: (lambda h: n2(h + ff(h)))(n1(x + attn(x, None)))),
         Mistake("the feed-forward is missing its activation",
                 "Apply the non-linearity between linear1 and linear2 (ReLU here).",
                 lambda x: (lambda h: n2(h + ff_linear(h)))(n1(x + attn(x)))),
-        Mistake("the feed-forward reads the layer's input instead of the attention sublayer's output",
+        Mistake("the feed-forward reads the layer's input instead of the attention sublayer's "
+                "output",
                 "Feed the output of the first add & norm into the feed-forward: h = norm1(...); "
                 "x = norm2(h + feed_forward(h)).",
                 lambda x: (lambda h: n2(h + ff(x)))(n1(x + attn(x)))),
     ]
 
 
-@checker
-def check_encoder_layer(cls: type) -> None:
-    """Check ``cls(d_model, num_heads, d_ff, dropout=0.0)``, a post-LN encoder layer
-    ``forward(x (B, L, d_model), mask bool | None) -> (B, L, d_model)`` with submodules named like
-    ``course_lib.EncoderLayer``: ``self_attn`` (q_proj, k_proj, v_proj, out_proj), ``feed_forward``
-    (linear1, linear2), ``norm1``, ``norm2``."""
-    gen = torch.Generator().manual_seed(44)
+def _run_with_mask(learner: nn.Module, x: torch.Tensor, mask: torch.Tensor | None,
+                   case: str) -> torch.Tensor:
+    """Run the learner's layer; if a 3-D mask makes it crash, try it as 4-D (B, 1, L_q, L_k).
+
+    Any mask rank ``MultiHeadAttention`` accepts is a correct answer, so a layer written for 4-D
+    masks
+    (for example around ``F.scaled_dot_product_attention``) passes too.
+    """
+    try:
+        return run_learner(learner, x, mask, case=case, hint=_RUN_HINT)
+    except CheckFailure as first:
+        if mask is None or mask.dim() != 3:
+            raise
+        try:
+            return run_learner(learner, x, mask.unsqueeze(1), case=case + ", mask given as 4-D",
+                               hint=_RUN_HINT)
+        except CheckFailure:
+            shape4 = tuple(mask.unsqueeze(1).shape)
+            raise CheckFailure(f"{first} (The same mask as 4-D {shape4} failed too.)")
+
+
+def _encoder_layer_cases(gen: torch.Generator) -> list[tuple[tuple[int, int, int], int, int, Any]]:
     cases = []
     # padding mask (B, 1, L): the second sequence has 2 padded positions
     pad = torch.ones(2, 1, 6, dtype=torch.bool)
@@ -244,6 +286,13 @@ def check_encoder_layer(cls: type) -> None:
     pad3 = torch.ones(3, 1, 4, dtype=torch.bool)
     pad3[2, :, 3:] = False
     cases.append(((3, 4, 12), 3, 24, causal_mask(4) & pad3))
+    return cases
+
+
+def _check_encoder_layer(cls: type) -> int:
+    """Compare ``cls`` with ``course_lib.EncoderLayer`` (post-LN); return the number of cases."""
+    gen = torch.Generator().manual_seed(44)
+    cases = _encoder_layer_cases(gen)
     for shape, num_heads, d_ff, mask in cases:
         d_model = shape[-1]
         torch.manual_seed(int(torch.randint(0, 10_000, (1,), generator=gen)))
@@ -254,19 +303,202 @@ def check_encoder_layer(cls: type) -> None:
         x = torch.randn(shape, generator=gen)
         learner.eval()
         reference.eval()
-        case = f"input {shape}, num_heads={num_heads}, mask {'none' if mask is None else tuple(mask.shape)}"
+        mask_shape = 'none' if mask is None else tuple(mask.shape)
+        case = f"input {shape}, num_heads={num_heads}, mask {mask_shape}"
         with torch.no_grad():
-            got = run_learner(learner, x, mask, case=case, hint=_RUN_HINT)
+            got = _run_with_mask(learner, x, mask, case)
             expected = reference(x, mask)
             expect_shape(got, expected.shape, "the encoder layer output",
                          "An encoder layer maps (B, L, d_model) to the same shape.")
             compare(got, expected, (x,), _encoder_layer_mistakes(reference, mask), case=case)
             learner.train()  # dropout=0.0 was asked: train mode must give the same output
-            got = run_learner(learner, x, mask, case=case, hint=_RUN_HINT)
+            got = _run_with_mask(learner, x, mask, case)
             if not torch.allclose(got, expected, atol=1e-5, rtol=1e-4):
                 raise CheckFailure(
-                    f"Likely mistake ({case}): dropout is active although dropout=0.0 was asked (in eval "
-                    "mode your output is right, in train mode it changes). Pass the dropout argument on: "
+                    f"Likely mistake ({case}): dropout is active although dropout=0.0 was asked "
+                    "(in eval "
+                    "mode your output is right, in train mode it changes). Pass the dropout "
+                    "argument on: "
                     "nn.Dropout(dropout); a bare nn.Dropout() drops with p=0.5."
                 )
-    passed("check_encoder_layer", len(cases))
+    return len(cases)
+
+
+@checker
+def check_encoder_layer(cls: type) -> None:
+    """Check ``cls(d_model, num_heads, d_ff, dropout=0.0)``, a post-LN encoder layer
+    ``forward(x (B, L, d_model), mask bool | None) -> (B, L, d_model)`` with submodules named like
+    ``course_lib.EncoderLayer``: ``self_attn`` (q_proj, k_proj, v_proj, out_proj), ``feed_forward``
+    (linear1, linear2), ``norm1``, ``norm2``. Masks come as (B, 1, L) and (B, L, L); a layer that
+    only takes 4-D masks gets them as (B, 1, 1, L) and (B, 1, L, L)."""
+    passed("check_encoder_layer", _check_encoder_layer(cls))
+
+
+# ----------------------------------------------------------------------- the repaired block (Debug)
+
+
+@checker
+def check_repaired_encoder_block(cls: type) -> None:
+    """The debug exercise: the broken tutorial block, repaired into the paper's post-LN layer.
+
+    Everything ``check_encoder_layer`` checks, and with ``dropout=0.5`` in training mode: dropout is
+    used at all, and not on the whole residual stream at the exit (a post-LN layer ends in a
+    LayerNorm, whose output is never exactly 0).
+    """
+    n_cases = _check_encoder_layer(cls)
+    torch.manual_seed(45)
+    learner = _build(cls, 16, 4, 32, dropout=0.5)
+    x = torch.randn(4, 6, 16)
+    case = "dropout=0.5, training mode"
+    learner.eval()
+    with torch.no_grad():
+        eval_out = run_learner(learner, x, None, case=case, hint=_RUN_HINT)
+        learner.train()
+        train_out = run_learner(learner, x, None, case=case, hint=_RUN_HINT)
+    zeros = (train_out == 0).float().mean().item()
+    if zeros > 0.1:
+        raise CheckFailure(
+            f"Likely mistake ({case}): dropout on the whole stream at the exit: {zeros:.0%} of the "
+            "layer's "
+            "output is exactly 0. Dropout belongs on each sublayer's output before the addition "
+            "(x = norm1(x + dropout(sublayer(x)))); the layer returns the last norm's output as it "
+            "is."
+        )
+    if torch.allclose(train_out, eval_out):
+        raise CheckFailure(
+            f"Likely mistake ({case}): the dropout argument is ignored: in training mode with "
+            "dropout=0.5 the "
+            "output equals the evaluation-mode output. Keep the paper's residual dropout: "
+            "x = norm1(x + dropout(self_attn(x, x, x, mask))), and the same around the "
+            "feed-forward."
+        )
+    print(f"check_repaired_encoder_block: all {n_cases + 1} cases pass. The attention output "
+          "reaches the sum, "
+          "each norm normalizes a sum, and dropout uses its p. Well done!")
+
+
+# ----------------------------------------------------------------------- Predict: LayerNorm output
+
+
+LAYER_NORM_PREDICT_INPUT = ((1.0, 2.0, 3.0, 4.0), (10.0, 20.0, 30.0, 40.0))
+
+
+def _as_float_tensor(value: Any, what: str) -> torch.Tensor:
+    try:
+        return torch.as_tensor(value, dtype=torch.float64)
+    except (TypeError, ValueError, RuntimeError) as err:
+        raise CheckFailure(f"{what}: could not read your answer {value!r} as numbers ({err}).") \
+            from err
+
+
+@checker
+def check_layer_norm_prediction(fn: Any) -> None:
+    """Predict: ``fn()`` returns ``nn.LayerNorm(4)`` (gain 1, bias 0) applied to
+    ``[[1, 2, 3, 4], [10, 20, 30, 40]]``, as a 2 x 4 nested list (two decimals are enough)."""
+    got = _as_float_tensor(fn(), "Your prediction")
+    x = torch.tensor(LAYER_NORM_PREDICT_INPUT, dtype=torch.float64)
+    expected = F.layer_norm(x, (4,))
+    if got.shape != expected.shape:
+        raise CheckFailure(
+            f"Your prediction has shape {tuple(got.shape)}; give one row of 4 numbers per token: "
+            "[[a, b, c, d], [e, f, g, h]] (shape (2, 4))."
+        )
+    ones, zeros = torch.ones(4, dtype=torch.float64), torch.zeros(4, dtype=torch.float64)
+    mistakes = [
+        Mistake("the statistics are taken over the wrong axis (across the two tokens, per feature)",
+                "LayerNorm normalizes each token's own vector: mean and variance over its 4 "
+                "features (the "
+                "last axis), never across tokens. Each feature column [a, 10a] would become [-1, "
+                "1].",
+                lambda: _ln(x, None, None, 1e-5, dims=(0,))),
+        Mistake("unbiased variance (dividing by d - 1 = 3)",
+                "LayerNorm divides by d = 4: var of [1, 2, 3, 4] is 1.25, std 1.118, so the outer "
+                "values "
+                "are 1.5 / 1.118 = 1.342.",
+                lambda: _ln(x, None, None, 1e-5, unbiased=True)),
+        Mistake("the second token keeps its scale (it comes out ten times larger)",
+                "LayerNorm divides each token by its own standard deviation, so scaling a token by "
+                "10 "
+                "changes nothing: both rows come out the same.",
+                lambda: torch.cat([expected[:1], 10 * expected[:1]])),
+        Mistake("only the mean is removed (no division by the standard deviation)",
+                "After subtracting the mean (2.5 and 25), divide by the standard deviation (1.118 "
+                "and 11.18).",
+                lambda: x - x.mean(-1, keepdim=True)),
+        Mistake("divided by the standard deviation without subtracting the mean",
+                "First subtract each token's mean, then divide: (x - mean) / std.",
+                lambda: x / x.std(-1, unbiased=False, keepdim=True)),
+    ]
+    if torch.allclose(got, expected, atol=0.01):
+        print("check_layer_norm_prediction: right. Both tokens become [-1.34, -0.45, 0.45, 1.34]: "
+              "each is "
+              "centred on its own mean and divided by its own std (1.118 and 11.18), so scale "
+              "disappears.")
+        return
+    for mistake in mistakes:
+        if torch.allclose(got, mistake.compute(), atol=0.01):
+            raise CheckFailure(f"Not quite: {mistake.name}. {mistake.hint}")
+    raise CheckFailure(
+        "Not quite. For each token: subtract its mean, divide by sqrt(biased variance + eps); the "
+        "gain is 1 "
+        "and the bias 0. For [1, 2, 3, 4]: mean 2.5, variance 1.25. Compute the first row, then "
+        "ask what "
+        "multiplying a token by 10 changes."
+    )
+
+
+# ----------------------------------------------------------------------- Predict: parameter count
+
+
+@checker
+def check_encoder_layer_params(fn: Any) -> None:
+    """Predict: ``fn()`` returns the number of parameters of one encoder layer of the paper's base
+    model, ``EncoderLayer(d_model=512, num_heads=8, d_ff=2048)`` (biases everywhere, two
+    LayerNorms)."""
+    got = fn()
+    if not isinstance(got, (int, float)) or isinstance(got, bool) or got != int(got):
+        raise CheckFailure(f"Give a whole number of parameters (an int), got {got!r}.")
+    got = int(got)
+    d, f, h = 512, 2048, 8
+    with torch.device("meta"):  # shapes only, no memory
+        truth = sum(p.numel() for p in EncoderLayer(d, h, f).parameters())
+    attn, ffn, norms = 4 * (d * d + d), d * f + f + f * d + d, 2 * 2 * d
+    assert truth == attn + ffn + norms
+    if got == truth:
+        print(f"check_encoder_layer_params: right, {truth:,} = attention {attn:,} + "
+              f"feed-forward {ffn:,} "
+              f"+ two LayerNorms {norms:,}.")
+        return
+    mistakes = {
+        4 * d * d + 2 * d * f + norms: "the biases are missing (each nn.Linear(d_in, d_out) also "
+                                       "has d_out biases)",
+        4 * d * d + 2 * d * f: "the biases and the LayerNorms are missing",
+        attn + ffn: "the two LayerNorms are missing (each has a gain and a bias of size d_model: "
+                    "2 x 2 x 512)",
+        attn + ffn + 2 * d: "the LayerNorms are counted with only one vector each (each has a "
+                            "gain AND a bias)",
+        3 * (d * d + d) + ffn + norms: "the output projection W^O is missing (attention has four "
+                                        "d x d "
+                                        "matrices: W^Q, W^K, W^V and W^O)",
+        h * attn + ffn + norms: "the attention is counted once per head: the 8 heads share the "
+                                "four "
+                               "d_model x d_model matrices, each head uses a 64-column slice",
+        4 * (d * d // h + d // h) + ffn + norms: "the attention is counted for one head only: "
+                                                  "the heads' slices "
+                                                  "together fill four full d_model x d_model "
+                                                  "matrices",
+        attn + 2 * (d * d + d) + norms: "the feed-forward is counted as d_model -> d_model (it "
+                                        "widens to "
+                                        "d_ff = 2048 and back)",
+        attn + d * f + f + norms: "the feed-forward is counted with one linear layer (it has two: "
+                                  "512 -> 2048 and 2048 -> 512)",
+    }
+    if got in mistakes:
+        raise CheckFailure(f"Not quite ({got:,}): likely {mistakes[got]}.")
+    raise CheckFailure(
+        f"Not quite ({got:,}). Count each part: four attention projections d_model x d_model with "
+        "biases, "
+        "two feed-forward layers (512 -> 2048 and 2048 -> 512) with biases, and two LayerNorms "
+        "(gain and bias "
+        "each)."
+    )

@@ -31,9 +31,10 @@ class MyDecoderLayer(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x, memory, tgt_mask=None, memory_mask=None):
-        x = self.norm1(x + self.dropout(self.self_attn(x, x, x, tgt_mask)))  # 1. masked self-attention
-        x = self.norm2(x + self.dropout(self.cross_attn(x, memory, memory, memory_mask)))  # 2. cross
-        return self.norm3(x + self.dropout(self.feed_forward(x)))            # 3. feed-forward
+        # 1. masked self-attention, 2. cross-attention (Q: x; K, V: memory), 3. feed-forward
+        x = self.norm1(x + self.dropout(self.self_attn(x, x, x, tgt_mask)))
+        x = self.norm2(x + self.dropout(self.cross_attn(x, memory, memory, memory_mask)))
+        return self.norm3(x + self.dropout(self.feed_forward(x)))
 
 # %% solution 05.predict_nan
 def predicted_nan_positions():
@@ -46,5 +47,5 @@ def next_word_logits(model, src, tgt):
     """Scores for the word after ``tgt``: src (B, L_s), tgt (B, L_t) ids -> (B, tgt_vocab_size)."""
     src_mask = padding_mask(src, model.config.pad_id)   # (B, 1, L_s)
     memory = model.encode(src, src_mask)                # (B, L_s, d_model)
-    hidden = model.decode(tgt, memory, src_mask)        # the fix: cross-attention needs the source mask
-    return model.generator(hidden[:, -1])               # (B, vocab): the last position predicts the next word
+    hidden = model.decode(tgt, memory, src_mask)        # the fix: cross-attention needs src_mask
+    return model.generator(hidden[:, -1])               # (B, vocab): the last position

@@ -38,7 +38,7 @@ def test_sinusoidal_encoding_equals_the_formula_element_by_element(max_len, d_mo
 
 
 def test_sinusoidal_encoding_is_not_the_blog_post_bug():
-    """A popular blog post's bug: frequency computed with 2*i where i already steps by 2, and cos with i+1."""
+    """A popular blog post's bug: frequencies with 2*i where i already steps by 2, cos with i+1."""
     pe = sinusoidal_positional_encoding(20, 16).double()
     two_i = torch.arange(0, 16, 2, dtype=torch.float64)
     buggy = torch.sin(torch.arange(20.0, dtype=torch.float64)[:, None] / 10000 ** (2 * two_i / 16))

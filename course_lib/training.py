@@ -173,3 +173,172 @@ def train_copy_task(
 
     history = train(model, next_batch, num_steps, optimizer, loss_fn, scheduler, progress=progress)
     return model, history
+
+
+# --- lesson 08: the date-translation recipe ---
+# Lesson 08 trains the whole Transformer on a translation-shaped task: dates written in many ways
+# (course_lib.data.DatesCorpus) to ISO 8601. Its helpers: the model, translating texts, exact match,
+# and the training recipe that the lesson and benchmarks/dates.py use.
+
+import sys as _sys  # noqa: E402
+import time as _time  # noqa: E402
+from dataclasses import dataclass as _dataclass  # noqa: E402
+from dataclasses import field as _field  # noqa: E402
+
+from .data import DatesCorpus, pad_sequences  # noqa: E402
+from .masks import padding_mask as _padding_mask  # noqa: E402
+
+__all__ += ["dates_config", "translate", "dates_exact_match", "dates_lr", "DatesRun", "train_dates"]
+
+
+def dates_config(corpus: DatesCorpus, **changes: object) -> TransformerConfig:
+    """Lesson 08's model for ``corpus``: 1+1 pre-LN layers, d_model 64, 4 heads, d_ff 128, its two
+    vocabularies (``changes`` override any field)."""
+    base = dict(src_vocab_size=len(corpus.src_vocab), tgt_vocab_size=len(corpus.tgt_vocab), d_model=64,
+                num_heads=4, num_encoder_layers=1, num_decoder_layers=1, d_ff=128, norm_first=True,
+                max_len=32, pad_id=corpus.src_vocab.pad_id)
+    return TransformerConfig(**{**base, **changes})
+
+
+@torch.no_grad()
+def translate(
+    model: Transformer,
+    sources: list[str],
+    src_vocab,
+    tgt_vocab,
+    max_len: int = 11,
+    beam_size: int | None = None,
+    batch_size: int = 1000,
+) -> list[str]:
+    """Translate texts: greedy decoding (``beam_size=None``) or ``course_lib.decoding.beam_search``.
+
+    Sources are padded in batches of ``batch_size``; the source padding mask goes to the encoder and
+    to every decoder step. A translation ends at ``<eos>`` (at most ``max_len`` tokens).
+    """
+    from .decoding import greedy_decode as _greedy_decode
+
+    model.eval()
+    texts: list[str] = []
+    for start in range(0, len(sources), batch_size):
+        chunk = sources[start : start + batch_size]
+        src = pad_sequences([src_vocab.encode(s) for s in chunk], src_vocab.pad_id)  # (B, L_s)
+        src_mask = _padding_mask(src, src_vocab.pad_id)  # (B, 1, L_s)
+        if beam_size is None:
+            ids = _greedy_decode(model, src, max_len, tgt_vocab.sos_id, end_id=tgt_vocab.eos_id,
+                                 src_mask=src_mask)
+        else:
+            from .decoding import beam_search
+
+            ids, _ = beam_search(model, src, max_len, tgt_vocab.sos_id, tgt_vocab.eos_id,
+                                 beam_size=beam_size, src_mask=src_mask)
+        texts.extend(tgt_vocab.decode(row) for row in ids.tolist())
+    return texts
+
+
+@torch.no_grad()
+def dates_exact_match(
+    model: Transformer, corpus: DatesCorpus, pairs=None, method: str = "greedy", beam_size: int = 4
+) -> float:
+    """Share of ``pairs`` (default: the 2,000 held-out dates) translated exactly to their ISO target.
+
+    ``method``: ``"greedy"``, ``"beam"`` (beam search, ``beam_size``), or ``"teacher_forcing"``: the
+    greedy number from ONE forward pass (greedy decoding reproduces target + ``<eos>`` exactly if and
+    only if the teacher-forced argmax is right at every position), cheap enough to track training.
+    """
+    pairs = corpus.heldout if pairs is None else pairs
+    if method == "teacher_forcing":
+        model.eval()
+        batch = corpus.batch(pairs)
+        hits = (model(batch.src, batch.tgt_in).argmax(-1) == batch.tgt_out) | ~batch.label_mask
+        return hits.all(dim=1).float().mean().item()
+    if method not in ("greedy", "beam"):
+        raise ValueError(f"dates_exact_match: method must be 'greedy', 'beam' or 'teacher_forcing', got {method!r}")
+    got = translate(model, [p[0] for p in pairs], corpus.src_vocab, corpus.tgt_vocab,
+                    beam_size=beam_size if method == "beam" else None)
+    return sum(g == p[1] for g, p in zip(got, pairs)) / len(pairs)
+
+
+def dates_lr(step: int, d_model: int, warmup: int, factor: float, num_steps: int, cooldown: int) -> float:
+    """The Noam rate ``noam_lr(step)``, times a linear cool-down to 0 over the last ``cooldown`` steps."""
+    rate = noam_lr(step, d_model, warmup, factor)
+    return rate * min(1.0, max(num_steps - step, 0) / cooldown) if cooldown else rate
+
+
+@_dataclass
+class DatesRun:
+    """``train_dates``'s result: the model (eval mode, readable attention), the loss of every step,
+    held-out exact match as ``(step, share)`` pairs, and the seconds spent in training steps only."""
+
+    model: Transformer
+    losses: list[float] = _field(default_factory=list)
+    curve: list[tuple[int, float]] = _field(default_factory=list)
+    train_seconds: float = 0.0
+
+
+def train_dates(
+    corpus: DatesCorpus | None = None,
+    config: TransformerConfig | None = None,
+    num_steps: int = 600,
+    batch_size: int = 128,
+    warmup: int = 100,
+    factor: float = 1.0,
+    cooldown: int = 240,
+    smoothing: float = 0.1,
+    seed: int = 0,
+    eval_every: int = 0,
+    fused: bool = True,
+    progress: bool = True,
+) -> DatesRun:
+    """Train lesson 08's Transformer on the date corpus; returns a ``DatesRun``.
+
+    Recipe: ``dates_config`` (1+1 pre-LN layers, d_model 64), Adam(0.9, 0.98, eps 1e-9), the Noam
+    schedule with a linear cool-down over the last ``cooldown`` steps (``dates_lr``), label smoothing
+    0.1, ``num_steps`` batches of ``batch_size`` fresh training pairs (never a held-out date).
+    ``fused`` trains with PyTorch's fused attention kernel and switches it off at the end, so the
+    returned model stores its attention weights. ``eval_every > 0`` records held-out exact match
+    (teacher-forced, equal to greedy's) every that many steps, outside the timed part.
+    """
+    corpus = corpus if corpus is not None else DatesCorpus()
+    config = config if config is not None else dates_config(corpus)
+    torch.manual_seed(seed)
+    model = Transformer(config)
+    try:
+        from .attention import set_fused_attention
+    except ImportError:  # a course_lib without the fused switch: the readable path
+        set_fused_attention = None  # noqa: N806
+    if set_fused_attention is not None:
+        set_fused_attention(model, fused)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: dates_lr(step, config.d_model, warmup, factor, num_steps, cooldown))
+    loss_fn = LabelSmoothingLoss(config.tgt_vocab_size, config.pad_id, smoothing)
+    gen = torch.Generator().manual_seed(seed)
+    run = DatesRun(model)
+    bar = tqdm(total=num_steps, desc="training", disable=not progress, mininterval=0, file=_sys.stdout,
+               miniters=max(1, num_steps // 10), maxinterval=float("inf"), ascii=" #",
+               bar_format="{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} steps{postfix}")
+    model.train()
+    for step in range(1, num_steps + 1):
+        start = _time.perf_counter()
+        batch = corpus.train_batch(batch_size, gen)
+        logits = model(batch.src, batch.tgt_in, batch.src_mask, batch.tgt_mask)  # (B, L_t, V)
+        loss = loss_fn(logits, batch.tgt_out)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        scheduler.step()
+        run.losses.append(loss.item())
+        run.train_seconds += _time.perf_counter() - start
+        postfix = {"loss": f"{run.losses[-1]:.3f}"}
+        if eval_every and (step % eval_every == 0 or step == num_steps):
+            run.curve.append((step, dates_exact_match(model, corpus, method="teacher_forcing")))
+            model.train()
+        if run.curve:
+            postfix["exact"] = f"{run.curve[-1][1]:.1%}"
+        bar.set_postfix(postfix, refresh=False)
+        bar.update(1)
+    bar.close()
+    if set_fused_attention is not None:
+        set_fused_attention(model, False)
+    model.eval()
+    return run

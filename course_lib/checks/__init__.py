@@ -16,4 +16,5 @@ from .encoder import *  # noqa: F403
 from .multi_head import *  # noqa: F403
 from .prerequisites import *  # noqa: F403
 from .training import *  # noqa: F403
+from .translation import *  # noqa: F403
 from ..solutions import show_solution

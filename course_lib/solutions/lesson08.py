@@ -1,0 +1,41 @@
+"""Solutions to the exercises of lesson 08 (translating dates). See ``course_lib.solutions``."""
+
+import torch
+
+from course_lib.data import pad_sequences
+from course_lib.masks import padding_mask
+
+# %% solution 08.make_batch
+def make_batch(pairs, src_vocab, tgt_vocab):
+    """[(source, target), ...] -> (src (B, L_s), tgt_in (B, L_t), tgt_out (B, L_t)), right-padded."""
+    src = [src_vocab.encode(source) for source, _ in pairs]          # characters only
+    tgt = [tgt_vocab.encode(target) for _, target in pairs]
+    tgt_in = [[tgt_vocab.sos_id, *t] for t in tgt]                   # <sos> + target
+    tgt_out = [[*t, tgt_vocab.eos_id] for t in tgt]                  # target + <eos>: one step ahead
+    pad = src_vocab.pad_id
+    return pad_sequences(src, pad), pad_sequences(tgt_in, pad), pad_sequences(tgt_out, pad)
+
+# %% solution 08.shapes
+def predicted_shapes():
+    # B = 4 pairs; the longest source "Guten Morgen" has 12 characters;
+    # the longest target "good morning" has 12, so L_t = 12 + 1 (<sos> in, <eos> out)
+    return {
+        "src": (4, 12),
+        "src_mask": (4, 1, 12),
+        "tgt_in": (4, 13),
+        "tgt_mask": (4, 13, 13),
+        "label_mask": (4, 13),
+    }
+
+# %% solution 08.translate
+@torch.no_grad()
+def my_translate(model, src, max_len, start_id, end_id):
+    """src (B, L_s) padded source ids -> (B, max_len) generated ids (greedy)."""
+    src_mask = padding_mask(src, model.config.pad_id)                # (B, 1, L_s)
+    memory = model.encode(src, src_mask)                             # (B, L_s, d_model)
+    ys = torch.full((src.size(0), 1), start_id, dtype=torch.long)    # (B, 1)
+    for _ in range(max_len):
+        hidden = model.decode(ys, memory, src_mask)                  # fixed: the source mask here too
+        next_id = model.generator(hidden[:, -1]).argmax(dim=-1)      # (B,)
+        ys = torch.cat([ys, next_id[:, None]], dim=1)                # (B, t + 1)
+    return ys[:, 1:]

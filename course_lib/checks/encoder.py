@@ -182,7 +182,9 @@ def check_layer_norm(candidate: Any) -> None:
                 got = run_learner(candidate, x, weight, bias, eps, case=case, hint=_RUN_HINT)
         expect_shape(got, expected.shape, "the LayerNorm output",
                      "LayerNorm keeps the input's shape; keep the feature axis with keepdim=True.")
-        compare(got, expected, (x,), _layer_norm_mistakes(weight, bias, eps), case=case)
+        # float32 rounding differs between correct formulas by ~1e-5 on the small-variance case;
+        # every named mistake is off by far more than 1e-4
+        compare(got, expected, (x,), _layer_norm_mistakes(weight, bias, eps), case=case, atol=1e-4)
     passed("check_layer_norm", len(cases))
 
 

@@ -13,6 +13,7 @@ from .attention import *  # noqa: F403
 from .decoder import *  # noqa: F403
 from .embeddings import *  # noqa: F403
 from .encoder import *  # noqa: F403
+from .inference import *  # noqa: F403
 from .multi_head import *  # noqa: F403
 from .prerequisites import *  # noqa: F403
 from .training import *  # noqa: F403

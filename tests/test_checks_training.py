@@ -7,13 +7,15 @@ the checker builds, so these tests show that the checker recognises real code.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from _helpers import passes
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from course_lib.checks import check_greedy_decode, check_label_smoothing, check_shift
+from course_lib.checks import check_greedy_decode, check_label_smoothing, check_shift, check_smoothing_floor
 from course_lib.masks import padding_mask
 
 
@@ -166,7 +168,7 @@ def make_decode(feed_prefix=True, keep_start=False, steps_delta=0, pick="last", 
 
 def test_greedy_correct_passes(capsys):
     assert passes(check_greedy_decode, make_decode())
-    assert "check_greedy_decode: all 3 cases match" in capsys.readouterr().out
+    assert "check_greedy_decode: all 4 cases match" in capsys.readouterr().out
 
 
 def test_greedy_reencoding_the_source_each_step_is_fine():
@@ -225,6 +227,26 @@ def test_shift_correct_passes(capsys):
     assert "check_shift: all 3 cases match" in capsys.readouterr().out
 
 
+def test_shift_other_correct_styles_pass():
+    def with_pad(tgt, sos_id):
+        return F.pad(tgt[:, :-1], (1, 0), value=sos_id), tgt.clone()
+
+    def with_roll(tgt, sos_id):
+        tgt_in = tgt.roll(1, dims=1)
+        tgt_in[:, 0] = sos_id
+        return tgt_in, tgt
+
+    def solution(tgt, sos_id):
+        from course_lib.solutions import solution_source
+
+        namespace = {}
+        exec(solution_source("06.shift"), {"torch": torch}, namespace)
+        return namespace["make_decoder_io"](tgt, sos_id)
+
+    for fn in (with_pad, with_roll, solution):
+        assert passes(check_shift, fn)
+
+
 @pytest.mark.parametrize(
     "wrong, words",
     [
@@ -248,3 +270,100 @@ def test_shift_unimplemented_prints_friendly_line(capsys):
 
     assert check_shift(make_decoder_io) is None
     assert "`make_decoder_io` is not implemented yet" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------------------------
+# greedy decoding with padded sources (the debug exercise)
+# ----------------------------------------------------------------------------------------------
+
+def test_greedy_without_the_source_mask_in_decode_is_named():
+    @torch.no_grad()
+    def my_greedy_decode(model, src, max_len, start_id):
+        src_mask = padding_mask(src, model.config.pad_id)
+        memory = model.encode(src, src_mask)
+        ys = torch.full((src.size(0), 1), start_id, dtype=torch.long)
+        for _ in range(max_len):
+            next_id = model.generator(model.decode(ys, memory)[:, -1]).argmax(-1)  # the bug
+            ys = torch.cat([ys, next_id[:, None]], dim=1)
+        return ys[:, 1:]
+
+    with pytest.raises(AssertionError, match="source mask not passed to model.decode"):
+        check_greedy_decode(my_greedy_decode)
+
+
+def test_greedy_with_a_4d_source_mask_passes():
+    @torch.no_grad()
+    def decode(model, src, max_len, start_id):
+        mask = (src != model.config.pad_id)[:, None, None, :]  # (B, 1, 1, L_s)
+        memory = model.encode(src, mask)
+        ys = torch.full((src.size(0), 1), start_id, dtype=torch.long)
+        for _ in range(max_len):
+            next_id = model.generator(model.decode(ys, memory, mask)[:, -1]).argmax(-1)
+            ys = torch.cat([ys, next_id[:, None]], dim=1)
+        return ys[:, 1:]
+
+    assert passes(check_greedy_decode, decode)
+
+
+def test_greedy_with_the_full_forward_pass_each_step_passes():
+    @torch.no_grad()
+    def decode(model, src, max_len, start_id):
+        ys = torch.full((src.size(0), 1), start_id, dtype=torch.long)
+        for _ in range(max_len):
+            ys = torch.cat([ys, model(src, ys)[:, -1].argmax(-1, keepdim=True)], dim=1)
+        return ys[:, 1:]
+
+    assert passes(check_greedy_decode, decode)
+
+
+def test_greedy_solution_passes():
+    from course_lib.solutions import solution_source
+
+    namespace = {}
+    exec(solution_source("06.greedy_src_mask"), {"torch": torch, "padding_mask": padding_mask}, namespace)
+    assert passes(check_greedy_decode, namespace["my_greedy_decode"])
+
+
+# ----------------------------------------------------------------------------------------------
+# predict: the entropy floor of label smoothing
+# ----------------------------------------------------------------------------------------------
+
+FLOOR = -(0.9 * math.log(0.9) + 0.1 * math.log(0.1 / 9))
+
+
+@pytest.mark.parametrize("answer", [lambda: FLOOR, lambda: round(FLOOR, 3), lambda: torch.tensor(FLOOR),
+                                    lambda: 0.9 * math.log(1 / 0.9) + 0.1 * math.log(90)])
+def test_smoothing_floor_right_answers_pass(answer, capsys):
+    assert passes(check_smoothing_floor, answer)
+    assert "check_smoothing_floor: right, 0.545" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "value, words",
+    [
+        (0.0, "floor WITHOUT smoothing"),
+        (math.log(11), "uniform distribution"),
+        (math.log(10), "uniform prediction over the non-pad classes"),
+        (-(0.909 * math.log(0.90909) + 10 * 0.00909 * math.log(0.00909)), "nn.CrossEntropyLoss"),
+        (-(0.9 * math.log(0.9) + 0.1 * math.log(0.01)), "V-1 = 10 classes"),
+        (-0.9 * math.log(0.9), "only the label's term"),
+        (-0.1 * math.log(0.1 / 9), "only the other classes' terms"),
+        (1.0, "give three decimals"),
+    ],
+)
+def test_smoothing_floor_names_each_confusion(value, words):
+    with pytest.raises(AssertionError, match=words):
+        check_smoothing_floor(lambda: value)
+
+
+def test_smoothing_floor_needs_a_number():
+    with pytest.raises(AssertionError, match="Return one number"):
+        check_smoothing_floor(lambda: "0.545")
+
+
+def test_smoothing_floor_unimplemented_prints_friendly_line(capsys):
+    def predicted_floor():
+        raise NotImplementedError
+
+    assert check_smoothing_floor(predicted_floor) is None
+    assert "`predicted_floor` is not implemented yet" in capsys.readouterr().out

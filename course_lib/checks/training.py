@@ -6,7 +6,10 @@
   ``course_lib.LabelSmoothingLoss``: target ``1 - eps`` on the label, ``eps / (V - 2)`` on every class
   except the label and pad, ``0`` on pad; pad labels ignored; mean over the non-pad tokens.
 * ``check_greedy_decode(fn)``: ``fn(model, src (B, L_s), max_len, start_id) -> ids (B, max_len)``,
-  reference ``course_lib.greedy_decode``.
+  reference ``course_lib.greedy_decode``; the cases include padded sources, so decoding without the
+  source mask is caught (the lesson's debug exercise).
+* ``check_smoothing_floor(fn)``: ``fn() -> float``, the predicted lowest loss of
+  ``LabelSmoothingLoss(V=11, pad_id=0, smoothing=0.1)`` (a "predict, then run" question).
 * ``check_shift(fn)``: ``fn(tgt (B, L), sos_id) -> (tgt_in, tgt_out)``, both ``(B, L)``: decoder input
   ``<sos> + tgt[:, :-1]`` and labels ``tgt`` (what ``CopyTask.make_batch`` does).
 """
@@ -26,7 +29,7 @@ from ..model import Transformer, TransformerConfig
 from ..training import LabelSmoothingLoss
 from ._common import CheckFailure, Mistake, checker, compare, expect_shape, passed, run_learner
 
-__all__ = ["check_label_smoothing", "check_greedy_decode", "check_shift"]
+__all__ = ["check_label_smoothing", "check_greedy_decode", "check_shift", "check_smoothing_floor"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -219,16 +222,18 @@ def _decode_variant(
     pick: str = "last",
     steps: int | None = None,
     keep_start: bool = False,
+    decode_mask: bool = True,
 ) -> torch.Tensor:
     """Greedy decoding with one thing changed. ``feed``: "prefix" or "last" (only the newest token);
-    ``pick``: "last" (correct), "first" (first position's logits) or "axis" (argmax over positions)."""
+    ``pick``: "last" (correct), "first" (first position's logits) or "axis" (argmax over positions);
+    ``decode_mask=False``: the source mask is used to encode but not passed to ``model.decode``."""
     with torch.no_grad():
         src_mask = padding_mask(src, model.config.pad_id)
         memory = model.encode(src, src_mask)
         ys = torch.full((src.size(0), 1), start_id, dtype=torch.long)
         for _ in range(max_len if steps is None else steps):
             inp = ys if feed == "prefix" else ys[:, -1:]
-            logits = model.generator(model.decode(inp, memory, src_mask))  # (B, t, V)
+            logits = model.generator(model.decode(inp, memory, src_mask if decode_mask else None))
             if pick == "last":
                 next_id = logits[:, -1].argmax(dim=-1)
             elif pick == "first":
@@ -245,6 +250,10 @@ def _greedy_mistakes() -> list[Mistake]:
 
     start_hint = "The start symbol is only the decoder's first input, not an output: return ys[:, 1:]."
     return [
+        m("source mask not passed to model.decode (cross-attention reads the padding)",
+          "The encoder used the mask, but at every step cross-attention must hide the <pad> positions of "
+          "the memory too: model.decode(ys, memory, src_mask) with src_mask = padding_mask(src, pad_id). "
+          "Without it, a row's output changes with the amount of padding after it.", decode_mask=False),
         m("start symbol included in the output", start_hint, keep_start=True),
         Mistake("start symbol included in the output (and the last token dropped to keep the length)", start_hint,
                 lambda model, src, n, s: _decode_variant(model, src, n, s, keep_start=True)[:, :n]),
@@ -282,7 +291,15 @@ def _greedy_cases() -> list[tuple[str, torch.Tensor, int, int]]:
         ("src (4, 6), max_len=6, start_id=1", torch.randint(2, 11, (4, 6), generator=g), 6, 1),
         ("src (3, 7), max_len=4 (shorter than the source), start_id=1", torch.randint(2, 11, (3, 7), generator=g), 4, 1),
         ("one sequence, src (1, 5), max_len=8, start_id=1", torch.randint(2, 11, (1, 5), generator=g), 8, 1),
+        ("padded sources: src (3, 8) whose rows end in 0, 3 and 5 <pad> ids, max_len=6, start_id=1",
+         _padded(torch.randint(2, 11, (3, 8), generator=g), [8, 5, 3]), 6, 1),
     ]
+
+
+def _padded(src: torch.Tensor, lengths: list[int]) -> torch.Tensor:
+    """Set every id after ``lengths[b]`` in row b to the pad id 0."""
+    keep = torch.arange(src.size(1)) < torch.tensor(lengths)[:, None]
+    return src.masked_fill(~keep, 0)
 
 
 @checker
@@ -377,3 +394,54 @@ def check_shift(fn: Callable[..., Any]) -> None:
         expected = (torch.cat([sos, tgt[:, :-1]], dim=1), tgt.clone())
         compare(tuple(got), expected, (tgt, sos_id), mistakes, case, atol=0)
     passed("check_shift", len(cases))
+
+
+# ----------------------------------------------------------------------------------------------
+# check_smoothing_floor (predict, then run)
+# ----------------------------------------------------------------------------------------------
+
+def _entropy(q: torch.Tensor) -> float:
+    return float(-torch.xlogy(q, q).sum())
+
+
+@checker
+def check_smoothing_floor(fn: Callable[[], Any]) -> None:
+    """Check ``fn() -> float``: the lowest loss ``LabelSmoothingLoss(11, pad_id=0, smoothing=0.1)`` allows."""
+    V, eps = 11, 0.1
+    got = run_learner(fn, case="your prediction", hint="Return one number, for example 1.234.")
+    if isinstance(got, torch.Tensor) and got.numel() == 1:
+        got = got.item()
+    if isinstance(got, bool) or not isinstance(got, (int, float)):
+        raise CheckFailure(f"Return one number (a float such as 1.234), got {type(got).__name__}: {got!r}.")
+    truth = LabelSmoothingLoss(V, 0, eps).entropy_floor()
+    other = eps / (V - 2)
+    why = (f"The cross-entropy -sum q log p is smallest when the model predicts p = q exactly, and then it "
+           f"equals the entropy of q: -(0.9 ln 0.9 + 9 x {other:.4f} ln {other:.4f}) = {truth:.3f}.")
+    if abs(got - truth) <= 0.002:
+        print(f"check_smoothing_floor: right, {truth:.3f}. {why} No model can go lower, however long it trains.")
+        return
+    torch_q = torch.full((V,), eps / V)
+    torch_q[2] += 1 - eps
+    v1_q = torch.full((V,), eps / (V - 1))  # eps over V-1 classes (all but the label), label 1 - eps
+    v1_q[2] = 1 - eps
+    confusions = [
+        (0.0, "0 is the floor WITHOUT smoothing (a one-hot target), or of the KL divergence that the Annotated "
+              "Transformer computes, which subtracts this very entropy"),
+        (float(torch.log(torch.tensor(float(V)))), f"ln {V} is the loss of a model that predicts the uniform "
+                                                    "distribution (about where an untrained model starts), not the "
+                                                    "lowest loss"),
+        (float(torch.log(torch.tensor(float(V - 1)))), f"ln {V - 1} is the loss of a uniform prediction over the "
+                                                        "non-pad classes, not the lowest loss"),
+        (_entropy(torch_q), "that is the floor of nn.CrossEntropyLoss(label_smoothing=0.1), which spreads eps/V over "
+                            "all V classes; course_lib gives pad 0 and eps/(V-2) to each other class"),
+        (_entropy(v1_q), "that spreads eps over V-1 = 10 classes; the label and <pad> are excluded, so V-2 = 9"),
+        (-0.9 * float(torch.log(torch.tensor(0.9))), "you kept only the label's term; the 9 other classes add "
+                                                     "-(eps/9) ln(eps/9) each"),
+        (-eps * float(torch.log(torch.tensor(other))), "you kept only the other classes' terms; the label adds "
+                                                        "-0.9 ln 0.9"),
+    ]
+    for value, reason in confusions:
+        if abs(got - value) <= 0.002:
+            raise CheckFailure(f"Not quite: you predicted {got:.3f}, the floor is {truth:.3f}. Likely mistake: "
+                               f"{reason}. {why}")
+    raise CheckFailure(f"Not quite: you predicted {got:.3f}, the floor is {truth:.3f} (give three decimals). {why}")

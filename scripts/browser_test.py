@@ -112,6 +112,24 @@ def problems_from(report: dict, js_errors: list[str], expect_cells: int | None) 
     return found
 
 
+# A neuron view shows its computation once a token is hovered and its (+) clicked: do that for the
+# third token, so that the screenshot shows query, key, q x k, q . k and softmax.
+EXPAND_NEURON_VIEW_JS = r"""
+(() => {
+  const root = document.querySelectorAll('div[id^="bertviz-"]')[INDEX];
+  if (!root.querySelector('#att_head')) return false;
+  const over = el => el && el.dispatchEvent(new MouseEvent('mouseover', {bubbles: true}));
+  const token = root.querySelectorAll('#collapsed #leftText > g')[2];
+  if (!token) return false;
+  over(token);
+  const plus = token.querySelectorAll('rect');
+  plus[plus.length - 1].dispatchEvent(new MouseEvent('click', {bubbles: true}));
+  over(root.querySelectorAll('#expanded #leftText > g')[2]);
+  return true;
+})()
+"""
+
+
 def screenshots(page: Page, stem: str, folder: Path, scroll_top_js: str) -> list[Path]:
     """The top of the lesson, then every bertviz view scrolled into view."""
     shots = []
@@ -123,6 +141,7 @@ def screenshots(page: Page, stem: str, folder: Path, scroll_top_js: str) -> list
     for k in range(count):
         page.evaluate(f"document.querySelectorAll('div[id^=\"bertviz-\"]')[{k}]"
                       ".scrollIntoView({block: 'start'})")
+        page.evaluate(EXPAND_NEURON_VIEW_JS.replace("INDEX", str(k)))
         time.sleep(0.5)
         shots.append(folder / f"{stem}-bertviz-{k + 1}.png")
         page.screenshot(shots[-1])

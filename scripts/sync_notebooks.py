@@ -5,7 +5,7 @@
 
 For each notebook it
 1. puts an "Open in Colab" badge at the top of the first markdown cell (the badge image is a cell
-   attachment, so it shows offline too; the link goes to Colab);
+   attachment, scripts/assets/colab-badge.png, so it shows offline too; the link goes to Colab);
 2. makes the first code cell the setup cell: use course_lib if it imports, else a clone around the
    notebook, else install course_lib and the pinned requirements the lesson needs from
    $COURSE_LIB_SOURCE (a local path or a pip URL) or, by default, from the course repository;
@@ -35,7 +35,7 @@ import nbformat
 ROOT = Path(__file__).resolve().parent.parent
 KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
 SETUP_MARK = "# @title Setup"  # first line of a generated setup cell (Colab shows it as a title)
-BADGE_NAME = "colab-badge.svg"
+BADGE_NAME = "colab-badge.png"
 BADGE_ALT = "Open In Colab"
 SOURCES_KEY = "attachment_sources"  # cell metadata: attachment name -> path relative to the notebook
 
@@ -53,16 +53,9 @@ NEEDED_WHEN = {
     "xstatic-jquery": ("bertviz",),
 }
 
-# A small SVG of our own (no remote image: the badge must show offline and on GitHub alike).
-BADGE_SVG = (
-    '<svg xmlns="http://www.w3.org/2000/svg" width="117" height="20" role="img" '
-    'aria-label="Open in Colab"><rect width="117" height="20" rx="3" fill="#555"/>'
-    '<rect x="49" width="68" height="20" rx="3" fill="#f9ab00"/>'
-    '<rect x="49" width="6" height="20" fill="#f9ab00"/>'
-    '<g font-family="Verdana,DejaVu Sans,sans-serif" font-size="11">'
-    '<text x="8" y="14" fill="#fff">Open in</text>'
-    '<text x="57" y="14" fill="#222">Colab ▶</text></g></svg>'
-)
+# The badge image, committed beside this script (drawn once with matplotlib): a cell attachment
+# shows offline, in JupyterLab (which renders PNG attachments but not SVG ones), Colab and GitHub.
+BADGE_FILE = Path(__file__).resolve().parent / "assets" / "colab-badge.png"
 
 SETUP_TEMPLATE = '''\
 # @title Setup: use course_lib if it is here, else install it (Colab, or a lesson opened alone)
@@ -230,7 +223,7 @@ def sync_badge(nb, path: Path, settings) -> None:
             lines = lines[1:]
     first_md.source = "\n".join([badge, ""] + lines)
     attachments = first_md.setdefault("attachments", {})
-    attachments[BADGE_NAME] = {"image/svg+xml": base64.b64encode(BADGE_SVG.encode()).decode()}
+    attachments[BADGE_NAME] = {"image/png": base64.b64encode(BADGE_FILE.read_bytes()).decode()}
 
 
 IMAGE_MD = re.compile(r"(!\[[^\]]*\]\()([^)\s]+)((?:\s+\"[^\"]*\")?\))")
@@ -273,6 +266,10 @@ def sync_images(nb, path: Path) -> list[str]:
                 cell.setdefault("attachments", {})[name] = {mime: data}
             elif name not in cell.get("attachments", {}):
                 problems.append(f"{path.name}: attachment {name} has no data and {target} is gone")
+        for name in [n for n in cell.get("attachments", {}) if f"attachment:{n}" not in cell.source]:
+            del cell.attachments[name]  # no longer shown
+        if "attachments" in cell and not cell.attachments:
+            del cell["attachments"]
         if sources:
             cell.metadata[SOURCES_KEY] = sources
         else:

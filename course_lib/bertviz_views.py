@@ -17,7 +17,7 @@ Each view becomes two outputs:
 If the libraries are missing or their checksum differs, every function falls back to bertviz as
 shipped (which works with a network). Same signatures as bertviz's functions::
 
-    from course_lib.bertviz_views import head_view, model_view   # instead of: from bertviz import ...
+    from course_lib.bertviz_views import head_view, model_view  # not: from bertviz import ...
     show_neuron_view("the cat sat on the mat", layer=2, head=0)    # MiniLM's queries and keys
 """
 
@@ -54,9 +54,8 @@ VENDORED = {
 }
 
 PLACEHOLDER = (
-    "Interactive bertviz view: run this cell to see the interactive view. (Stored JavaScript does "
-    "not run on GitHub or in a notebook Jupyter does not trust; a static picture of the same "
-    "weights follows in the lesson.)"
+    "Interactive bertviz view: run this cell to see the interactive view. (Jupyter does not run "
+    "the JavaScript stored in a notebook it does not trust, and GitHub never runs it.)"
 )
 
 _SCRIPT_OPEN = '\n<script type="text/javascript">\n'  # how bertviz 1.4 joins HTML and JavaScript

@@ -139,8 +139,10 @@ def screenshots(page: Page, stem: str, folder: Path, scroll_top_js: str) -> list
     page.screenshot(shots[-1])
     count = page.evaluate("document.querySelectorAll('div[id^=\"bertviz-\"]').length")
     for k in range(count):
-        page.evaluate(f"document.querySelectorAll('div[id^=\"bertviz-\"]')[{k}]"
-                      ".scrollIntoView({block: 'start'})")
+        for _ in range(3):  # JupyterLab sizes cells lazily: the target moves while we scroll
+            page.evaluate(f"document.querySelectorAll('div[id^=\"bertviz-\"]')[{k}]"
+                          ".scrollIntoView({block: 'start'})")
+            time.sleep(0.3)
         page.evaluate(EXPAND_NEURON_VIEW_JS.replace("INDEX", str(k)))
         time.sleep(0.5)
         shots.append(folder / f"{stem}-bertviz-{k + 1}.png")
@@ -225,6 +227,15 @@ def check_in_lab(paths: list[Path], browser: Browser) -> dict[str, list[str]]:
     env = jupyter_env(BUILD / "jupyter")
     for path in paths:
         shutil.copy(path, lab_root / "notebooks" / path.name)
+    # The same lessons, not trusted (as a learner first opens a downloaded notebook): their
+    # bertviz views cannot draw, and must say "run this cell" instead of showing raw objects.
+    untrusted = [p for p in paths if "bertviz-" in p.read_text(encoding="utf-8")]
+    if untrusted:
+        (lab_root / "untrusted").mkdir()
+        for path in untrusted:  # trust is by content: a changed copy is not trusted
+            nb = nbformat.read(path, as_version=4)
+            nb.metadata["browser_test"] = "untrusted copy"
+            nbformat.write(nb, lab_root / "untrusted" / path.name)
     subprocess.run([sys.executable, "-m", "jupyter", "trust",
                     *[str(lab_root / "notebooks" / p.name) for p in paths]],
                    env=env, check=True, capture_output=True)
@@ -254,9 +265,44 @@ def check_in_lab(paths: list[Path], browser: Browser) -> dict[str, list[str]]:
             finally:
                 page.close()
                 lab.shutdown_kernels()
+        for path in untrusted:
+            results[f"{path.name} (untrusted)"] = check_untrusted(lab, browser, path)
     finally:
         lab.close()
     return results
+
+
+def check_untrusted(lab: Lab, browser: Browser, path: Path) -> list[str]:
+    cells = len(nbformat.read(path, as_version=4).cells)
+    page = browser.new_page()
+    try:
+        page.navigate(f"{lab.url}/lab/tree/untrusted/{path.name}?reset", timeout=120)
+        scope = ".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook"
+        page.wait_for(f"document.querySelectorAll('{scope} .jp-Cell').length === {cells}", 120)
+        time.sleep(2)
+        expected = sum("bertviz-" in output.get("data", {}).get("text/html", "")
+                       for cell in nbformat.read(path, as_version=4).cells
+                       for output in cell.get("outputs", []))
+        # Jupyter's sanitizer drops the container's id; find the views by their note.
+        state = page.evaluate(f"""(() => {{
+          const nb = document.querySelector('{scope}');
+          const notes = Array.from(nb.querySelectorAll('p')).filter(p => p.offsetHeight > 0
+            && p.textContent.startsWith('Interactive bertviz view: run this cell'));
+          if (notes.length) notes[0].scrollIntoView();
+          return {{notes: notes.length, raw: nb.textContent.includes('IPython.core.display')}};
+        }})()""")
+        found = []
+        if state["notes"] != expected:
+            found.append(f"{state['notes']} 'run this cell' notes for {expected} bertviz views")
+        if state["raw"]:
+            found.append("a raw <IPython.core.display...> object is shown")
+        found += [f"JavaScript error: {e}" for e in lab_errors(page)]
+        time.sleep(0.5)
+        page.screenshot(SHOTS / f"{path.stem}-untrusted.png")
+        return found
+    finally:
+        page.close()
+        lab.shutdown_kernels()
 
 
 def lab_errors(page: Page) -> list[str]:

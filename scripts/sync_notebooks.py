@@ -6,7 +6,8 @@
 For each notebook it
 1. puts an "Open in Colab" badge at the top of the first markdown cell (the badge image is a cell
    attachment, scripts/assets/colab-badge.png, so it shows offline too; the link goes to Colab);
-2. makes the first code cell the setup cell: use course_lib if it imports, else a clone around the
+2. makes the first code cell the setup cell (its code folded: Colab shows its title, JupyterLab and
+   VS Code a "..." to click): use course_lib if it imports, else a clone around the
    notebook, else install course_lib and the pinned requirements the lesson needs from
    $COURSE_LIB_SOURCE (a local path or a pip URL) or, by default, from the course repository;
 3. turns every markdown image with a relative path (``../images/x.png``) into a cell attachment
@@ -208,6 +209,7 @@ def sync_setup_cell(nb, settings) -> None:
         position = first_code if first_code is not None else len(nb.cells)
         nb.cells.insert(position, cell)
     cell.metadata["cellView"] = "form"  # Colab: show the title, fold the code
+    cell.metadata["jupyter"] = {"source_hidden": True}  # JupyterLab, VS Code: fold the code
 
 
 def sync_badge(nb, path: Path, settings) -> None:

@@ -142,3 +142,10 @@ def test_show_neuron_view_displays_offline(displayed):
     assert 'id="att_head"' in page.data and "<script src=" not in page.data
     assert "window.bertviz_params" in code["application/javascript"]
     assert '"queries"' in code["application/javascript"]
+
+
+def test_view_data_is_rounded_to_4_decimals(displayed):
+    head_view(attention(), TOKENS)
+    code = displayed[1]["application/javascript"]
+    params = code[code.index("const params = "):code.index("; // HACK")]
+    assert re.search(r"\d\.\d{3,4}", params) and not re.search(r"\d\.\d{5,}", params)

@@ -4,7 +4,8 @@
     python benchmarks/dates.py --seeds 0 1 2 3 4
 
 The corpus (`course_lib.data.DatesCorpus`) writes dates from 1900 to 2099 in ten training formats
-("3rd of March 2024", "Sonntag, 3. März 2024", "3/3/2024", ...) and asks for ISO 8601 ("2024-03-03").
+("3rd of March 2024", "Sonntag, 3. März 2024", "3/3/2024", ...) and asks for ISO 8601
+("2024-03-03").
 2,000 dates are held out: no held-out date appears in training in any format. The recipe is
 `course_lib.training.train_dates` with its defaults (1+1 pre-LN layers, d_model 64, label smoothing
 0.1, the Noam schedule with a linear cool-down, 600 batches of 128, fused attention while training).
@@ -35,28 +36,42 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs, "
-          f"{platform.processor() or platform.machine()}")
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs, "
+        f"{platform.processor() or platform.machine()}"
+    )
     corpus = DatesCorpus()
-    print(f"corpus: {len(corpus.formats)} training formats, {len(corpus.heldout)} held-out dates, source "
-          f"vocabulary {len(corpus.src_vocab)}, target vocabulary {len(corpus.tgt_vocab)}")
+    print(
+        f"corpus: {len(corpus.formats)} training formats, {len(corpus.heldout)} held-out dates, "
+        f"source "
+        f"vocabulary {len(corpus.src_vocab)}, target vocabulary {len(corpus.tgt_vocab)}"
+    )
     results = []
     for seed in args.seeds:
         run = train_dates(corpus, seed=seed, eval_every=50, progress=False)
         if seed == args.seeds[0]:
             c = run.model.config
-            print(f"model: {c.num_encoder_layers}+{c.num_decoder_layers} layers "
-                  f"({'pre' if c.norm_first else 'post'}-LN), d_model {c.d_model}, {c.num_heads} heads, "
-                  f"d_ff {c.d_ff}, {count_parameters(run.model):,} parameters; {len(run.losses)} steps")
+            print(
+                f"model: {c.num_encoder_layers}+{c.num_decoder_layers} layers "
+                f"({'pre' if c.norm_first else 'post'}-LN), d_model {c.d_model}, {c.num_heads} "
+                f"heads, "
+                f"d_ff {c.d_ff}, {count_parameters(run.model):,} parameters; {len(run.losses)} "
+                f"steps"
+            )
         curve = " ".join(f"{share:.1%}" for _, share in run.curve)
         greedy = dates_exact_match(run.model, corpus)
         print(f"seed {seed}: exact match every 50 steps: {curve}")
-        print(f"seed {seed}: greedy {greedy:.2%} on {len(corpus.heldout)} held-out dates, "
-              f"{run.train_seconds:.1f} s of training")
+        print(
+            f"seed {seed}: greedy {greedy:.2%} on {len(corpus.heldout)} held-out dates, "
+            f"{run.train_seconds:.1f} s of training"
+        )
         results.append((greedy, run.train_seconds))
     greedy, seconds = min(results, key=lambda r: (r[0], -r[1]))
-    print(f"dates: {greedy:.1%} exact match on {len(corpus.heldout)} held-out dates after {seconds:.1f} s "
-          "of training")
+    print(
+        f"dates: {greedy:.1%} exact match on {len(corpus.heldout)} held-out dates after "
+        f"{seconds:.1f} s "
+        "of training"
+    )
 
 
 if __name__ == "__main__":

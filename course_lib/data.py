@@ -7,7 +7,8 @@ symbol, never the pad id), ``2 .. vocab_size-1`` data symbols.
 Translation (lesson 08): ``DatesCorpus`` writes dates from 1900 to 2099 in many surface forms
 ("3rd of March 2024", "Sonntag, 3. März 2024", "3/3/2024", ...) and asks for ISO 8601
 ("2024-03-03"); ``CharVocab`` gives the source and the target their own character vocabularies,
-``make_translation_batch`` pads both sides, and ``read_tsv_pairs`` reads any corpus of sentence pairs.
+``make_translation_batch`` pads both sides, and ``read_tsv_pairs`` reads any corpus of sentence
+pairs.
 """
 
 from __future__ import annotations
@@ -173,7 +174,8 @@ class Vocab:
 
 
 class CharVocab:
-    """Character-level vocabulary: ``<pad>=0, <sos>=1, <eos>=2`` (and ``<unk>=3`` if ``unk``), then characters.
+    """Character-level vocabulary: ``<pad>=0, <sos>=1, <eos>=2`` (and ``<unk>=3`` if ``unk``), then
+    characters.
 
     Without ``unk`` an unknown character is an error that names it, instead of silently becoming
     ``<unk>``: on a closed corpus (like the dates) an unknown character means the data or the
@@ -192,7 +194,8 @@ class CharVocab:
 
     @classmethod
     def build(cls, texts: Iterable[str], unk: bool = False) -> "CharVocab":
-        """Every character that occurs in ``texts``, in sorted order (so the ids never depend on order)."""
+        """Every character that occurs in ``texts``, in sorted order (so the ids never depend on
+        order)."""
         return cls(sorted({ch for text in texts for ch in text}), unk=unk)
 
     def __len__(self) -> int:
@@ -215,18 +218,22 @@ class CharVocab:
         return [t for t in self.itos if t not in (PAD, SOS, EOS, UNK)]
 
     def unknown(self, text: str) -> list[str]:
-        """The characters of ``text`` that are not in the vocabulary, in order of first appearance."""
+        """The characters of ``text`` that are not in the vocabulary, in order of first
+        appearance."""
         return list(dict.fromkeys(ch for ch in text if ch not in self.stoi))
 
     def encode(self, text: str, where: str = "") -> list[int]:
-        """Text -> ids, one per character (no specials added). Unknown characters: ``<unk>`` or an error."""
+        """Text -> ids, one per character (no specials added). Unknown characters: ``<unk>`` or an
+        error."""
         missing = self.unknown(text)
         if missing and not self.has_unk:
             shown = ", ".join(f"{ch!r} (U+{ord(ch):04X})" for ch in missing)
             raise ValueError(
                 f"CharVocab.encode{' (' + where + ')' if where else ''}: {text!r} contains "
-                f"{'a character' if len(missing) == 1 else 'characters'} not in the vocabulary: {shown}. "
-                "This vocabulary has no <unk>: build it over all your data (CharVocab.build) or pass unk=True."
+                f"{'a character' if len(missing) == 1 else 'characters'} not in the vocabulary: "
+                f"{shown}. "
+                "This vocabulary has no <unk>: build it over all your data (CharVocab.build) or "
+                "pass unk=True."
             )
         unk = self.unk_id
         return [self.stoi.get(ch, unk) for ch in text]  # type: ignore[misc]
@@ -261,7 +268,8 @@ class TranslationBatch:
 
     @property
     def src_mask(self) -> torch.Tensor:
-        """Source padding mask ``(B, 1, L_s)`` for the encoder and cross-attention (True = real token)."""
+        """Source padding mask ``(B, 1, L_s)`` for the encoder and cross-attention (True = real
+        token)."""
         return (self.src != self.pad_id).unsqueeze(1)
 
     @property
@@ -279,7 +287,8 @@ class TranslationBatch:
 def make_translation_batch(
     pairs: Sequence[Sequence[str]], src_vocab: CharVocab, tgt_vocab: CharVocab
 ) -> TranslationBatch:
-    """``[(source, target), ...]`` -> ``TranslationBatch`` (each pair's first two items are used)."""
+    """``[(source, target), ...]`` -> ``TranslationBatch`` (each pair's first two items are
+    used)."""
     if len(pairs) == 0:
         raise ValueError("make_translation_batch: got no pairs")
     if src_vocab.pad_id != tgt_vocab.pad_id:
@@ -301,9 +310,7 @@ def make_translation_batch(
 
 
 def read_tsv_pairs(
-    path: str | Path,
-    src_vocab: CharVocab | None = None,
-    tgt_vocab: CharVocab | None = None,
+    path: str | Path, src_vocab: CharVocab | None = None, tgt_vocab: CharVocab | None = None
 ) -> list[tuple[str, str]]:
     """Read ``source<TAB>target`` lines (UTF-8) into a list of pairs.
 
@@ -317,28 +324,37 @@ def read_tsv_pairs(
     if lines and lines[-1] == "":
         lines.pop()  # the newline that ends the last line
     if not lines:
-        raise ValueError(f"read_tsv_pairs: {path.name} is empty; expected lines of source<TAB>target")
+        raise ValueError(
+            f"read_tsv_pairs: {path.name} is empty; expected lines of source<TAB>target"
+        )
     pairs = []
     for number, line in enumerate(lines, start=1):
         line = line.removesuffix("\r")
         where = f"{path.name}, line {number}"
         if line.strip() == "":
-            raise ValueError(f"read_tsv_pairs: {where} is empty; every line must be source<TAB>target "
-                             "(remove blank lines)")
+            raise ValueError(
+                f"read_tsv_pairs: {where} is empty; every line must be source<TAB>target "
+                "(remove blank lines)"
+            )
         columns = line.split("\t")
         if len(columns) != 2:
             raise ValueError(
-                f"read_tsv_pairs: {where} has {len(columns)} column{'s' if len(columns) != 1 else ''} "
+                f"read_tsv_pairs: {where} has {len(columns)} "
+                f"column{'s' if len(columns) != 1 else ''} "
                 f"({len(columns) - 1} tabs), expected 2 (source<TAB>target): {line!r}"
             )
         for name, col in zip(("source", "target"), columns):
             if col.strip() == "":
                 raise ValueError(f"read_tsv_pairs: {where} has an empty {name}: {line!r}")
-        for name, col, vocab in (("source", columns[0], src_vocab), ("target", columns[1], tgt_vocab)):
+        for name, col, vocab in (
+            ("source", columns[0], src_vocab),
+            ("target", columns[1], tgt_vocab),
+        ):
             if vocab is not None and not vocab.has_unk and vocab.unknown(col):
                 shown = ", ".join(f"{ch!r} (U+{ord(ch):04X})" for ch in vocab.unknown(col))
                 raise ValueError(
-                    f"read_tsv_pairs: {where}: the {name} {col!r} contains characters not in the {name} "
+                    f"read_tsv_pairs: {where}: the {name} {col!r} contains characters not in the "
+                    f"{name} "
                     f"vocabulary, which has no <unk>: {shown}. Build the vocabulary over this file "
                     "(CharVocab.build) or pass unk=True."
                 )
@@ -352,8 +368,10 @@ def write_tsv_pairs(pairs: Iterable[Sequence[str]], path: str | Path) -> Path:
     for i, p in enumerate(pairs):
         for name, col in zip(("source", "target"), p[:2]):
             if "\t" in col or "\n" in col or "\r" in col or col.strip() == "":
-                raise ValueError(f"write_tsv_pairs: pair {i} has a {name} that is empty or holds a tab or "
-                                 f"newline: {col!r}")
+                raise ValueError(
+                    f"write_tsv_pairs: pair {i} has a {name} that is empty or holds a tab or "
+                    f"newline: {col!r}"
+                )
         lines.append(f"{p[0]}\t{p[1]}\n")
     path = Path(path)
     path.write_text("".join(lines), encoding="utf-8")
@@ -364,11 +382,48 @@ def write_tsv_pairs(pairs: Iterable[Sequence[str]], path: str | Path) -> Path:
 # The date corpus
 # ----------------------------------------------------------------------------------------------
 
-MONTHS_EN = ["January", "February", "March", "April", "May", "June", "July", "August", "September",
-             "October", "November", "December"]
-MONTHS_DE = ["Januar", "Februar", "März", "April", "Mai", "Juni", "Juli", "August", "September",
-             "Oktober", "November", "Dezember"]
-MONTHS_DE_ABBR = ["Jan", "Feb", "Mär", "Apr", "Mai", "Jun", "Jul", "Aug", "Sep", "Okt", "Nov", "Dez"]
+MONTHS_EN = [
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
+]
+MONTHS_DE = [
+    "Januar",
+    "Februar",
+    "März",
+    "April",
+    "Mai",
+    "Juni",
+    "Juli",
+    "August",
+    "September",
+    "Oktober",
+    "November",
+    "Dezember",
+]
+MONTHS_DE_ABBR = [
+    "Jan",
+    "Feb",
+    "Mär",
+    "Apr",
+    "Mai",
+    "Jun",
+    "Jul",
+    "Aug",
+    "Sep",
+    "Okt",
+    "Nov",
+    "Dez",
+]
 WEEKDAYS_EN = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"]
 WEEKDAYS_DE = ["Montag", "Dienstag", "Mittwoch", "Donnerstag", "Freitag", "Samstag", "Sonntag"]
 
@@ -380,16 +435,25 @@ def ordinal(n: int) -> str:
     return f"{n}{ {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th') }"
 
 
-# Each surface form: name -> function(date) -> text. Weekdays come from the calendar (date.weekday()).
+# Each surface form: name -> function(date) -> text. Weekdays come from the calendar
+# (date.weekday()).
 DATE_FORMATS: dict[str, Callable[[datetime.date], str]] = {
     "en day month": lambda d: f"{d.day} {MONTHS_EN[d.month - 1]} {d.year}",
     "en month day": lambda d: f"{MONTHS_EN[d.month - 1]} {d.day}, {d.year}",
     "en ordinal": lambda d: f"{ordinal(d.day)} of {MONTHS_EN[d.month - 1]} {d.year}",
-    "en weekday": lambda d: f"{WEEKDAYS_EN[d.weekday()]}, {MONTHS_EN[d.month - 1]} {d.day}, {d.year}",
-    "en abbreviated": lambda d: f"{WEEKDAYS_EN[d.weekday()][:3]} {d.day} {MONTHS_EN[d.month - 1][:3]} {d.year}",
+    "en weekday": lambda d: (
+        f"{WEEKDAYS_EN[d.weekday()]}, {MONTHS_EN[d.month - 1]} {d.day}, {d.year}"
+    ),
+    "en abbreviated": lambda d: (
+        f"{WEEKDAYS_EN[d.weekday()][:3]} {d.day} {MONTHS_EN[d.month - 1][:3]} {d.year}"
+    ),
     "de day month": lambda d: f"{d.day}. {MONTHS_DE[d.month - 1]} {d.year}",
-    "de weekday": lambda d: f"{WEEKDAYS_DE[d.weekday()]}, {d.day}. {MONTHS_DE[d.month - 1]} {d.year}",
-    "de abbreviated": lambda d: f"{WEEKDAYS_DE[d.weekday()][:2]}, {d.day:02d}. {MONTHS_DE_ABBR[d.month - 1]} {d.year}",
+    "de weekday": lambda d: (
+        f"{WEEKDAYS_DE[d.weekday()]}, {d.day}. {MONTHS_DE[d.month - 1]} {d.year}"
+    ),
+    "de abbreviated": lambda d: (
+        f"{WEEKDAYS_DE[d.weekday()][:2]}, {d.day:02d}. {MONTHS_DE_ABBR[d.month - 1]} {d.year}"
+    ),
     "numeric m/d/y": lambda d: f"{d.month}/{d.day}/{d.year}",
     "numeric d.m.y": lambda d: f"{d.day:02d}.{d.month:02d}.{d.year}",
     "numeric y/m/d": lambda d: f"{d.year}/{d.month:02d}/{d.day:02d}",
@@ -412,7 +476,8 @@ def iso_date(d: datetime.date) -> str:
 
 
 class DatePair(NamedTuple):
-    """One example: ``source`` text, ``target`` ISO date, the surface ``format`` and the ``date``."""
+    """One example: ``source`` text, ``target`` ISO date, the surface ``format`` and the
+    ``date``."""
 
     source: str
     target: str
@@ -423,13 +488,13 @@ class DatePair(NamedTuple):
 class DatesCorpus:
     """Dates from ``first_year`` to ``last_year`` in several surface forms, to ISO 8601.
 
-    The held-out set is chosen **by date**: ``num_heldout`` dates are drawn once (``seed``) and never
-    appear in training, in any format. Each held-out date is written in one training format, the
-    formats taking turns, so every format has the same share of the held-out set
+    The held-out set is chosen **by date**: ``num_heldout`` dates are drawn once (``seed``) and
+    never appear in training, in any format. Each held-out date is written in one training format,
+    the formats taking turns, so every format has the same share of the held-out set
     (``heldout_pairs(fmt)`` writes all of them in one format instead).
 
-    Vocabularies are separate and character-level: ``src_vocab`` holds every character any format
-    of ``DATE_FORMATS`` can produce (the held-out format included), ``tgt_vocab`` the digits and ``-``.
+    Vocabularies are separate and character-level: ``src_vocab`` holds every character any format of
+    ``DATE_FORMATS`` can produce (the held-out format included), ``tgt_vocab`` the digits and ``-``.
     Neither has ``<unk>``: an unknown character is a bug here, and it raises.
     """
 
@@ -442,16 +507,23 @@ class DatesCorpus:
         last_year: int = 2099,
     ) -> None:
         if first_year > last_year or first_year < 1:
-            raise ValueError(f"DatesCorpus: need 1 <= first_year <= last_year, got {first_year}, {last_year}")
+            raise ValueError(
+                f"DatesCorpus: need 1 <= first_year <= last_year, got {first_year}, {last_year}"
+            )
         unknown = [f for f in formats if f not in DATE_FORMATS]
         if unknown or not formats:
-            raise ValueError(f"DatesCorpus: formats must be a non-empty list of DATE_FORMATS keys, got {unknown or formats}")
+            raise ValueError(
+                f"DatesCorpus: formats must be a non-empty list of DATE_FORMATS keys, got "
+                f"{unknown or formats}"
+            )
         self.formats = tuple(formats)
         self.first = datetime.date(first_year, 1, 1)
         self.last = datetime.date(last_year, 12, 31)
         self.num_days = (self.last - self.first).days + 1
         if not 0 < num_heldout < self.num_days:
-            raise ValueError(f"DatesCorpus: num_heldout must be in [1, {self.num_days - 1}], got {num_heldout}")
+            raise ValueError(
+                f"DatesCorpus: num_heldout must be in [1, {self.num_days - 1}], got {num_heldout}"
+            )
         gen = torch.Generator().manual_seed(seed)
         order = torch.randperm(self.num_days, generator=gen)
         self._heldout_days = order[:num_heldout].sort().values  # day offsets from self.first
@@ -462,13 +534,17 @@ class DatesCorpus:
         shuffled = torch.randperm(num_heldout, generator=gen).tolist()
         self.heldout: list[DatePair] = [None] * num_heldout  # type: ignore[list-item]
         for rank, i in enumerate(shuffled):
-            self.heldout[i] = self.pair(self.heldout_dates[i], self.formats[rank % len(self.formats)])
+            self.heldout[i] = self.pair(
+                self.heldout_dates[i], self.formats[rank % len(self.formats)]
+            )
         self.src_vocab = CharVocab.build(self._all_source_characters())
         self.tgt_vocab = CharVocab.build("0123456789-")
 
     @staticmethod
     def _all_source_characters() -> set[str]:
-        words = MONTHS_EN + MONTHS_DE + MONTHS_DE_ABBR + WEEKDAYS_EN + WEEKDAYS_DE + ["st nd rd th of"]
+        words = (
+            MONTHS_EN + MONTHS_DE + MONTHS_DE_ABBR + WEEKDAYS_EN + WEEKDAYS_DE + ["st nd rd th of"]
+        )
         return {ch for w in words for ch in w} | set("0123456789 ,./")
 
     def _date(self, offset: int) -> datetime.date:

@@ -297,9 +297,18 @@ __all__ += ["dates_config", "translate", "dates_exact_match", "dates_lr", "Dates
 def dates_config(corpus: DatesCorpus, **changes: object) -> TransformerConfig:
     """Lesson 08's model for ``corpus``: 1+1 pre-LN layers, d_model 64, 4 heads, d_ff 128, its two
     vocabularies (``changes`` override any field)."""
-    base = dict(src_vocab_size=len(corpus.src_vocab), tgt_vocab_size=len(corpus.tgt_vocab), d_model=64,
-                num_heads=4, num_encoder_layers=1, num_decoder_layers=1, d_ff=128, norm_first=True,
-                max_len=32, pad_id=corpus.src_vocab.pad_id)
+    base = dict(
+        src_vocab_size=len(corpus.src_vocab),
+        tgt_vocab_size=len(corpus.tgt_vocab),
+        d_model=64,
+        num_heads=4,
+        num_encoder_layers=1,
+        num_decoder_layers=1,
+        d_ff=128,
+        norm_first=True,
+        max_len=32,
+        pad_id=corpus.src_vocab.pad_id,
+    )
     return TransformerConfig(**{**base, **changes})
 
 
@@ -327,13 +336,21 @@ def translate(
         src = pad_sequences([src_vocab.encode(s) for s in chunk], src_vocab.pad_id)  # (B, L_s)
         src_mask = _padding_mask(src, src_vocab.pad_id)  # (B, 1, L_s)
         if beam_size is None:
-            ids = _greedy_decode(model, src, max_len, tgt_vocab.sos_id, end_id=tgt_vocab.eos_id,
-                                 src_mask=src_mask)
+            ids = _greedy_decode(
+                model, src, max_len, tgt_vocab.sos_id, end_id=tgt_vocab.eos_id, src_mask=src_mask
+            )
         else:
             from .decoding import beam_search
 
-            ids, _ = beam_search(model, src, max_len, tgt_vocab.sos_id, tgt_vocab.eos_id,
-                                 beam_size=beam_size, src_mask=src_mask)
+            ids, _ = beam_search(
+                model,
+                src,
+                max_len,
+                tgt_vocab.sos_id,
+                tgt_vocab.eos_id,
+                beam_size=beam_size,
+                src_mask=src_mask,
+            )
         texts.extend(tgt_vocab.decode(row) for row in ids.tolist())
     return texts
 
@@ -342,11 +359,13 @@ def translate(
 def dates_exact_match(
     model: Transformer, corpus: DatesCorpus, pairs=None, method: str = "greedy", beam_size: int = 4
 ) -> float:
-    """Share of ``pairs`` (default: the 2,000 held-out dates) translated exactly to their ISO target.
+    """Share of ``pairs`` (default: the 2,000 held-out dates) translated exactly to their ISO
+    target.
 
     ``method``: ``"greedy"``, ``"beam"`` (beam search, ``beam_size``), or ``"teacher_forcing"``: the
-    greedy number from ONE forward pass (greedy decoding reproduces target + ``<eos>`` exactly if and
-    only if the teacher-forced argmax is right at every position), cheap enough to track training.
+    greedy number from ONE forward pass (greedy decoding reproduces target + ``<eos>`` exactly if
+    and only if the teacher-forced argmax is right at every position), cheap enough to track
+    training.
     """
     pairs = corpus.heldout if pairs is None else pairs
     if method == "teacher_forcing":
@@ -355,14 +374,25 @@ def dates_exact_match(
         hits = (model(batch.src, batch.tgt_in).argmax(-1) == batch.tgt_out) | ~batch.label_mask
         return hits.all(dim=1).float().mean().item()
     if method not in ("greedy", "beam"):
-        raise ValueError(f"dates_exact_match: method must be 'greedy', 'beam' or 'teacher_forcing', got {method!r}")
-    got = translate(model, [p[0] for p in pairs], corpus.src_vocab, corpus.tgt_vocab,
-                    beam_size=beam_size if method == "beam" else None)
+        raise ValueError(
+            f"dates_exact_match: method must be 'greedy', 'beam' or 'teacher_forcing', got "
+            f"{method!r}"
+        )
+    got = translate(
+        model,
+        [p[0] for p in pairs],
+        corpus.src_vocab,
+        corpus.tgt_vocab,
+        beam_size=beam_size if method == "beam" else None,
+    )
     return sum(g == p[1] for g, p in zip(got, pairs)) / len(pairs)
 
 
-def dates_lr(step: int, d_model: int, warmup: int, factor: float, num_steps: int, cooldown: int) -> float:
-    """The Noam rate ``noam_lr(step)``, times a linear cool-down to 0 over the last ``cooldown`` steps."""
+def dates_lr(
+    step: int, d_model: int, warmup: int, factor: float, num_steps: int, cooldown: int
+) -> float:
+    """The Noam rate ``noam_lr(step)``, times a linear cool-down to 0 over the last ``cooldown``
+    steps."""
     rate = noam_lr(step, d_model, warmup, factor)
     return rate * min(1.0, max(num_steps - step, 0) / cooldown) if cooldown else rate
 
@@ -370,7 +400,8 @@ def dates_lr(step: int, d_model: int, warmup: int, factor: float, num_steps: int
 @_dataclass
 class DatesRun:
     """``train_dates``'s result: the model (eval mode, readable attention), the loss of every step,
-    held-out exact match as ``(step, share)`` pairs, and the seconds spent in training steps only."""
+    held-out exact match as ``(step, share)`` pairs, and the seconds spent in training steps only.
+    """
 
     model: Transformer
     losses: list[float] = _field(default_factory=list)
@@ -395,10 +426,10 @@ def train_dates(
     """Train lesson 08's Transformer on the date corpus; returns a ``DatesRun``.
 
     Recipe: ``dates_config`` (1+1 pre-LN layers, d_model 64), Adam(0.9, 0.98, eps 1e-9), the Noam
-    schedule with a linear cool-down over the last ``cooldown`` steps (``dates_lr``), label smoothing
-    0.1, ``num_steps`` batches of ``batch_size`` fresh training pairs (never a held-out date).
-    ``fused`` trains with PyTorch's fused attention kernel and switches it off at the end, so the
-    returned model stores its attention weights. ``eval_every > 0`` records held-out exact match
+    schedule with a linear cool-down over the last ``cooldown`` steps (``dates_lr``), label
+    smoothing 0.1, ``num_steps`` batches of ``batch_size`` fresh training pairs (never a held-out
+    date). ``fused`` trains with PyTorch's fused attention kernel and switches it off at the end, so
+    the returned model stores its attention weights. ``eval_every > 0`` records held-out exact match
     (teacher-forced, equal to greedy's) every that many steps, outside the timed part.
     """
     corpus = corpus if corpus is not None else DatesCorpus()
@@ -413,13 +444,22 @@ def train_dates(
         set_fused_attention(model, fused)
     optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: dates_lr(step, config.d_model, warmup, factor, num_steps, cooldown))
+        optimizer, lambda step: dates_lr(step, config.d_model, warmup, factor, num_steps, cooldown)
+    )
     loss_fn = LabelSmoothingLoss(config.tgt_vocab_size, config.pad_id, smoothing)
     gen = torch.Generator().manual_seed(seed)
     run = DatesRun(model)
-    bar = tqdm(total=num_steps, desc="training", disable=not progress, mininterval=0, file=_sys.stdout,
-               miniters=max(1, num_steps // 10), maxinterval=float("inf"), ascii=" #",
-               bar_format="{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} steps{postfix}")
+    bar = tqdm(
+        total=num_steps,
+        desc="training",
+        disable=not progress,
+        mininterval=0,
+        file=_sys.stdout,
+        miniters=max(1, num_steps // 10),
+        maxinterval=float("inf"),
+        ascii=" #",
+        bar_format="{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} steps{postfix}",
+    )
     model.train()
     for step in range(1, num_steps + 1):
         start = _time.perf_counter()

@@ -1,4 +1,5 @@
-"""Lesson 08's checkers: correct solutions in different styles pass, each named mistake is caught."""
+"""Lesson 08's checkers: correct solutions in different styles pass, each named mistake is
+caught."""
 
 from pathlib import Path
 
@@ -14,11 +15,17 @@ from course_lib.masks import padding_mask
 from course_lib.solutions import lesson08, solution_source
 from course_lib.training import dates_config
 
-PHRASES = [("drei Hunde", "three dogs"), ("ja", "yes"), ("Guten Morgen", "good morning"), ("Montag", "Monday")]
+PHRASES = [
+    ("drei Hunde", "three dogs"),
+    ("ja", "yes"),
+    ("Guten Morgen", "good morning"),
+    ("Montag", "Monday"),
+]
 
 
 def solution(key: str) -> dict:
-    """The solution block run after the file's header imports (as the notebook's imports precede it)."""
+    """The solution block run after the file's header imports (as the notebook's imports precede
+    it)."""
     header = (Path(lesson08.__file__).read_text(encoding="utf-8")).split("# %% solution")[0]
     namespace: dict = {}
     exec(header + solution_source(key), namespace)
@@ -45,10 +52,16 @@ def test_make_batch_solution_and_alternatives_pass(capsys):
         from torch.nn.utils.rnn import pad_sequence
 
         def pad(seqs):
-            return pad_sequence([torch.tensor(s) for s in seqs], batch_first=True, padding_value=sv.pad_id)
+            return pad_sequence(
+                [torch.tensor(s) for s in seqs], batch_first=True, padding_value=sv.pad_id
+            )
+
         tgt = [tv.encode(t) for _, t in pairs]
-        return [pad([sv.encode(s) for s, _ in pairs]), pad([[tv.sos_id] + t for t in tgt]),
-                pad([t + [tv.eos_id] for t in tgt])]
+        return [
+            pad([sv.encode(s) for s, _ in pairs]),
+            pad([[tv.sos_id] + t for t in tgt]),
+            pad([t + [tv.eos_id] for t in tgt]),
+        ]
 
     passes(check_make_batch, with_nested_tensor, capsys=capsys)
 
@@ -94,8 +107,13 @@ def test_batch_shapes_solution_and_alternatives_pass(capsys):
     passes(check_batch_shapes, solution("08.shapes")["predicted_shapes"], PHRASES, capsys=capsys)
 
     def with_sizes_and_lists():
-        return {"src": torch.Size([4, 12]), "src_mask": [4, 1, 12], "tgt_in": (4, 13),
-                "tgt_mask": torch.Size([4, 13, 13]), "label_mask": [4, 13]}
+        return {
+            "src": torch.Size([4, 12]),
+            "src_mask": [4, 1, 12],
+            "tgt_in": (4, 13),
+            "tgt_mask": torch.Size([4, 13, 13]),
+            "label_mask": [4, 13],
+        }
 
     passes(check_batch_shapes, with_sizes_and_lists, PHRASES, capsys=capsys)
 
@@ -134,7 +152,9 @@ def test_batch_shapes_wrong_keys():
 def corpus_and_model():
     corpus = DatesCorpus(num_heldout=400, seed=5)
     torch.manual_seed(0)
-    model = Transformer(dates_config(corpus)).eval()  # random weights: masks still change the output
+    model = Transformer(
+        dates_config(corpus)
+    ).eval()  # random weights: masks still change the output
     return corpus, model
 
 
@@ -143,7 +163,9 @@ def test_translate_solution_and_alternatives_pass(corpus_and_model, capsys):
     passes(check_translate, solution("08.translate")["my_translate"], model, corpus, capsys=capsys)
 
     def with_course_lib(model, src, max_len, start_id, end_id):  # stops early once every row ended
-        return greedy_decode(model, src, max_len, start_id, end_id=end_id, src_mask=padding_mask(src, 0))
+        return greedy_decode(
+            model, src, max_len, start_id, end_id=end_id, src_mask=padding_mask(src, 0)
+        )
 
     passes(check_translate, with_course_lib, model, corpus, capsys=capsys)
 
@@ -152,7 +174,9 @@ def test_translate_solution_and_alternatives_pass(corpus_and_model, capsys):
         memory = model.encode(src, mask)
         ys = torch.full((src.size(0), 1), start_id)
         for _ in range(max_len):
-            ys = torch.cat([ys, model.generator(model.decode(ys, memory, mask)[:, -1]).argmax(-1)[:, None]], 1)
+            ys = torch.cat(
+                [ys, model.generator(model.decode(ys, memory, mask)[:, -1]).argmax(-1)[:, None]], 1
+            )
         return ys[:, 1:]
 
     passes(check_translate, four_d_mask, model, corpus, capsys=capsys)
@@ -160,19 +184,27 @@ def test_translate_solution_and_alternatives_pass(corpus_and_model, capsys):
 
 def test_translate_catches_the_missing_decoder_mask(corpus_and_model):
     corpus, model = corpus_and_model
+
     def no_decoder_mask(model, src, max_len, start_id, end_id):
         memory = model.encode(src, padding_mask(src, 0))
         ys = torch.full((src.size(0), 1), start_id)
         for _ in range(max_len):
-            ys = torch.cat([ys, model.generator(model.decode(ys, memory)[:, -1]).argmax(-1)[:, None]], 1)
+            ys = torch.cat(
+                [ys, model.generator(model.decode(ys, memory)[:, -1]).argmax(-1)[:, None]], 1
+            )
         return ys[:, 1:]
 
     with pytest.raises(CheckFailure, match="Cross-attention still reads the padding"):
         check_translate(no_decoder_mask, model, corpus)
 
     def no_masks(model, src, max_len, start_id, end_id):
-        return greedy_decode(model, src, max_len, start_id, src_mask=torch.ones(src.size(0), 1, src.size(1),
-                                                                               dtype=torch.bool))
+        return greedy_decode(
+            model,
+            src,
+            max_len,
+            start_id,
+            src_mask=torch.ones(src.size(0), 1, src.size(1), dtype=torch.bool),
+        )
 
     with pytest.raises(CheckFailure, match="No source padding mask at all"):
         check_translate(no_masks, model, corpus)
@@ -184,4 +216,3 @@ def test_translate_wrong_shape_and_other_errors(corpus_and_model):
         check_translate(lambda m, src, n, s, e: torch.zeros(n), model, corpus)
     with pytest.raises(CheckFailure, match="differ from course_lib's greedy_decode"):
         check_translate(lambda m, src, n, s, e: torch.full((src.size(0), n), 4), model, corpus)
-

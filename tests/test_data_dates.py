@@ -1,4 +1,5 @@
-"""The date corpus, the character vocabularies, padded pair batches and the TSV reader (lesson 08)."""
+"""The date corpus, the character vocabularies, padded pair batches and the TSV reader (lesson
+08)."""
 
 import calendar
 import datetime
@@ -51,8 +52,21 @@ def test_every_format_of_one_date():
 
 
 def test_ordinals_against_the_english_rules():
-    cases = {1: "1st", 2: "2nd", 3: "3rd", 4: "4th", 11: "11th", 12: "12th", 13: "13th", 21: "21st",
-             22: "22nd", 23: "23rd", 24: "24th", 30: "30th", 31: "31st"}
+    cases = {
+        1: "1st",
+        2: "2nd",
+        3: "3rd",
+        4: "4th",
+        11: "11th",
+        12: "12th",
+        13: "13th",
+        21: "21st",
+        22: "22nd",
+        23: "23rd",
+        24: "24th",
+        30: "30th",
+        31: "31st",
+    }
     assert {n: ordinal(n) for n in cases} == cases
 
 
@@ -159,10 +173,14 @@ def test_translation_batch_pads_both_sides_with_independent_masks():
     assert b.tgt_in[0].tolist() == [tgt_v.sos_id, tgt_v.stoi["z"], 0, 0, 0]
     assert b.tgt_out[0].tolist() == [tgt_v.stoi["z"], tgt_v.eos_id, 0, 0, 0]
     for row_in, row_out, (_, tgt) in zip(b.tgt_in, b.tgt_out, pairs):  # shifted by exactly one
-        assert row_in[1 : len(tgt) + 1].tolist() == row_out[: len(tgt)].tolist() == tgt_v.encode(tgt)
+        assert (
+            row_in[1 : len(tgt) + 1].tolist() == row_out[: len(tgt)].tolist() == tgt_v.encode(tgt)
+        )
     assert torch.equal(b.src_mask, padding_mask(b.src, 0))  # against course_lib.masks
     assert torch.equal(b.tgt_mask, decoder_self_attention_mask(b.tgt_in, 0))
-    assert torch.equal(b.label_mask, torch.tensor([[1, 1, 0, 0, 0], [1, 1, 1, 1, 1]], dtype=torch.bool))
+    assert torch.equal(
+        b.label_mask, torch.tensor([[1, 1, 0, 0, 0], [1, 1, 1, 1, 1]], dtype=torch.bool)
+    )
 
 
 def test_train_batch_shapes(corpus):
@@ -227,3 +245,28 @@ def test_tsv_unknown_character_without_unk(corpus, tmp_path):
 def test_write_tsv_refuses_tabs(tmp_path):
     with pytest.raises(ValueError, match="tab or newline"):
         write_tsv_pairs([("a\tb", "c")], tmp_path / "x.tsv")
+
+
+# --------------------------------------------------------------------------------------------
+# The lesson-08 recipe's helpers (course_lib.training, lesson 08 section)
+# --------------------------------------------------------------------------------------------
+
+
+def test_train_dates_short_run_and_teacher_forced_exact_match_equals_greedy(corpus):
+    from course_lib.training import dates_exact_match, dates_lr, train_dates, translate
+
+    run = train_dates(corpus, num_steps=80, cooldown=20, eval_every=40, progress=False)
+    assert len(run.losses) == 80 and [s for s, _ in run.curve] == [40, 80] and run.train_seconds > 0
+    assert not run.model.training
+    assert all(not getattr(m, "fused", False) for m in run.model.modules())  # readable path again
+    pairs = corpus.heldout[:300]
+    greedy = dates_exact_match(run.model, corpus, pairs)
+    assert 0.0 < greedy < 1.0  # partly trained: the comparison below is not trivial
+    assert dates_exact_match(run.model, corpus, pairs, method="teacher_forcing") == pytest.approx(
+        greedy
+    )
+    texts = translate(run.model, [p.source for p in pairs[:5]], corpus.src_vocab, corpus.tgt_vocab)
+    assert all(isinstance(t, str) and len(t) <= 11 for t in texts)
+    assert dates_lr(600, 64, 100, 1.0, 600, 240) == 0.0 and dates_lr(1, 64, 100, 1.0, 600, 240) > 0
+    with pytest.raises(ValueError, match="method"):
+        dates_exact_match(run.model, corpus, pairs, method="sampling")

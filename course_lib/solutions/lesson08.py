@@ -7,11 +7,11 @@ from course_lib.masks import padding_mask
 
 # %% solution 08.make_batch
 def make_batch(pairs, src_vocab, tgt_vocab):
-    """[(source, target), ...] -> (src (B, L_s), tgt_in (B, L_t), tgt_out (B, L_t)), right-padded."""
+    """[(source, target), ...] -> (src, tgt_in, tgt_out), each (B, L) and right-padded."""
     src = [src_vocab.encode(source) for source, _ in pairs]          # characters only
     tgt = [tgt_vocab.encode(target) for _, target in pairs]
     tgt_in = [[tgt_vocab.sos_id, *t] for t in tgt]                   # <sos> + target
-    tgt_out = [[*t, tgt_vocab.eos_id] for t in tgt]                  # target + <eos>: one step ahead
+    tgt_out = [[*t, tgt_vocab.eos_id] for t in tgt]                  # target + <eos>: a step ahead
     pad = src_vocab.pad_id
     return pad_sequences(src, pad), pad_sequences(tgt_in, pad), pad_sequences(tgt_out, pad)
 
@@ -35,7 +35,7 @@ def my_translate(model, src, max_len, start_id, end_id):
     memory = model.encode(src, src_mask)                             # (B, L_s, d_model)
     ys = torch.full((src.size(0), 1), start_id, dtype=torch.long)    # (B, 1)
     for _ in range(max_len):
-        hidden = model.decode(ys, memory, src_mask)                  # fixed: the source mask here too
+        hidden = model.decode(ys, memory, src_mask)                  # fixed: the source mask too
         next_id = model.generator(hidden[:, -1]).argmax(dim=-1)      # (B,)
         ys = torch.cat([ys, next_id[:, None]], dim=1)                # (B, t + 1)
     return ys[:, 1:]

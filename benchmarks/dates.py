@@ -37,13 +37,13 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs, "
+        f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), {os.cpu_count()} CPUs, "
         f"{platform.processor() or platform.machine()}"
     )
     corpus = DatesCorpus()
     print(
         f"corpus: {len(corpus.formats)} training formats, {len(corpus.heldout)} held-out dates, "
-        f"source "
+        "source "
         f"vocabulary {len(corpus.src_vocab)}, target vocabulary {len(corpus.tgt_vocab)}"
     )
     results = []

@@ -7,7 +7,8 @@ several runs after a warm-up) and reports the memory the attention weights alone
 (B x heads x L x L floats). course_lib's readable path materialises those weights on purpose, so
 that lessons can look at them; ``torch.nn.MultiheadAttention(need_weights=False)`` uses a fused
 kernel that never stores them, which is why it scales better with L. course_lib's fused path
-(``MultiHeadAttention(..., fused=True)``, ``F.scaled_dot_product_attention``) does the same; the last
+(``MultiHeadAttention(..., fused=True)``, ``F.scaled_dot_product_attention``) does the same; the
+last
 line compares it with PyTorch at L=1024 (target: at most 1.15x).
 """
 
@@ -39,10 +40,16 @@ def main() -> None:
     ours = MultiHeadAttention(D_MODEL, NUM_HEADS)
     fused = set_fused_attention(MultiHeadAttention(D_MODEL, NUM_HEADS), True)
     theirs = nn.MultiheadAttention(D_MODEL, NUM_HEADS, batch_first=True)
-    print(f"B={B}, d_model={D_MODEL}, heads={NUM_HEADS}, torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print(
+        f"B={B}, d_model={D_MODEL}, heads={NUM_HEADS}, torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads"
+    )
     print("forward + backward of self-attention, median ms")
-    print(f"{'L':>5} | {'course_lib readable':>19} | {'course_lib fused':>16} | {'nn.MultiheadAttention':>21} | "
-          f"{'attention weights':>17}")
+    print(
+        f"{'L':>5} | {'course_lib readable':>19} | {'course_lib fused':>16} | "
+        f"{'nn.MultiheadAttention':>21} | "
+        f"{'attention weights':>17}"
+    )
     ratio = float("nan")
     for length in (64, 256, 1024):
         x = torch.randn(B, length, D_MODEL, requires_grad=True)
@@ -63,8 +70,11 @@ def main() -> None:
             ms_fused.append(_median_ms(run_fused, repeats=3))
             ms_theirs.append(_median_ms(run_theirs, repeats=3))
         fused_ms, theirs_ms = statistics.median(ms_fused), statistics.median(ms_theirs)
-        print(f"{length:>5} | {_median_ms(run_ours):>16.1f} ms | {fused_ms:>13.1f} ms | {theirs_ms:>18.1f} ms | "
-              f"{weights_mb:>14.1f} MB")
+        print(
+            f"{length:>5} | {_median_ms(run_ours):>16.1f} ms | {fused_ms:>13.1f} ms | "
+            f"{theirs_ms:>18.1f} ms | "
+            f"{weights_mb:>14.1f} MB"
+        )
         ratio = fused_ms / theirs_ms
     print(f"attention: fused path {ratio:.2f}x PyTorch at L=1024")
 

@@ -1,7 +1,7 @@
 """Benchmark: greedy decoding with and without the KV cache, on the paper's base model.
 
     python benchmarks/kv_cache.py          # about a minute on 2 cores
-    python benchmarks/kv_cache.py --full   # also times batch 32 x 256 tokens without a cache in full
+    python benchmarks/kv_cache.py --full   # also times batch 32 x 256 tokens without a cache
 
 ``TransformerConfig.paper_base()`` with random weights (eval mode, fused attention in both runs),
 source length 32, batch 1 and 32, 64 and 256 new tokens (no end symbol, so every run generates
@@ -38,7 +38,9 @@ def _seconds(fn, repeats: int = 1) -> float:
 
 
 @torch.no_grad()
-def step_ms(model: Transformer, batch: int, prefix: int, use_cache: bool, repeats: int = 3) -> float:
+def step_ms(
+    model: Transformer, batch: int, prefix: int, use_cache: bool, repeats: int = 3
+) -> float:
     """Time of ONE decoder step that produces the token after a prefix of ``prefix`` positions."""
     src = torch.randint(3, model.config.src_vocab_size, (batch, SRC_LEN))
     memory = model.encode(src)
@@ -53,9 +55,12 @@ def step_ms(model: Transformer, batch: int, prefix: int, use_cache: bool, repeat
             for layer in cache.layers:  # undo the append, so every repeat sees the same length
                 layer.self_k, layer.self_v = layer.self_k[:, :, :-1], layer.self_v[:, :, :-1]
             cache.tgt_keep = cache.tgt_keep[:, :-1]
+
     else:
+
         def one_step() -> None:
             model.generator(model.decode(tgt, memory)[:, -1])
+
     one_step()  # warm-up
     return 1000 * _seconds(one_step, repeats)
 
@@ -69,7 +74,9 @@ def decode_seconds(model: Transformer, batch: int, new_tokens: int, use_cache: b
 
 def estimated_recompute_seconds(model: Transformer, batch: int, new_tokens: int) -> float:
     """Sum over steps of the time per step, interpolated linearly between timed prefix lengths."""
-    points = sorted({1, new_tokens // 8, new_tokens // 4, new_tokens // 2, 3 * new_tokens // 4, new_tokens})
+    points = sorted(
+        {1, new_tokens // 8, new_tokens // 4, new_tokens // 2, 3 * new_tokens // 4, new_tokens}
+    )
     ms = [step_ms(model, batch, p, use_cache=False, repeats=1) for p in points]
     total = 0.0
     for t in range(1, new_tokens + 1):
@@ -84,23 +91,37 @@ def estimated_recompute_seconds(model: Transformer, batch: int, new_tokens: int)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--full", action="store_true", help="time batch 32 x 256 without a cache in full")
+    parser.add_argument(
+        "--full", action="store_true", help="time batch 32 x 256 without a cache in full"
+    )
     args = parser.parse_args()
     torch.manual_seed(0)
     model = Transformer(TransformerConfig.paper_base()).eval()
     model = model.requires_grad_(False)
     set_fused_attention(model, True)  # for both runs: no attention weights are looked at here
-    print(f"paper_base (random weights), source length {SRC_LEN}, torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads")
+    print(
+        f"paper_base (random weights), source length {SRC_LEN}, torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads"
+    )
 
-    print("\none decoder step (ms): recompute = all positions again, cache = the newest position only")
-    print(f"{'batch':>5} | {'recompute, 1 pos':>16} | {'recompute, 64 pos':>17} | {'cache, at pos 64':>16}")
+    print(
+        "\none decoder step (ms): recompute = all positions again, cache = the newest position only"
+    )
+    print(
+        f"{'batch':>5} | {'recompute, 1 pos':>16} | {'recompute, 64 pos':>17} | "
+        f"{'cache, at pos 64':>16}"
+    )
     for batch in (1, 32):
-        print(f"{batch:>5} | {step_ms(model, batch, 1, False):>16.1f} | {step_ms(model, batch, 64, False):>17.1f} | "
-              f"{step_ms(model, batch, 64, True):>16.1f}")
+        print(
+            f"{batch:>5} | {step_ms(model, batch, 1, False):>16.1f} | "
+            f"{step_ms(model, batch, 64, False):>17.1f} | "
+            f"{step_ms(model, batch, 64, True):>16.1f}"
+        )
 
     print("\ngreedy decoding, whole run (s)")
-    print(f"{'batch':>5} | {'new tokens':>10} | {'recompute':>10} | {'KV cache':>9} | {'speed-up':>8}")
+    print(
+        f"{'batch':>5} | {'new tokens':>10} | {'recompute':>10} | {'KV cache':>9} | {'speed-up':>8}"
+    )
     ratios = {}
     for batch in (1, 32):
         for new_tokens in (64, 256):
@@ -112,12 +133,17 @@ def main() -> None:
                 recompute = decode_seconds(model, batch, new_tokens, use_cache=False)
                 note = ""
             ratios[batch, new_tokens] = recompute / cached
-            print(f"{batch:>5} | {new_tokens:>10} | {recompute:>10.2f} | {cached:>9.2f} | "
-                  f"{ratios[batch, new_tokens]:>7.1f}x{note}")
+            print(
+                f"{batch:>5} | {new_tokens:>10} | {recompute:>10.2f} | {cached:>9.2f} | "
+                f"{ratios[batch, new_tokens]:>7.1f}x{note}"
+            )
     print()
     for batch, new_tokens in ((1, 64), (1, 256), (32, 256), (32, 64)):  # the headline figure last
-        print(f"kv cache: {ratios[batch, new_tokens]:.1f}x faster than recomputing for {new_tokens} new tokens "
-              f"(batch {batch})")
+        print(
+            f"kv cache: {ratios[batch, new_tokens]:.1f}x faster than recomputing for {new_tokens} "
+            "new tokens "
+            f"(batch {batch})"
+        )
 
 
 if __name__ == "__main__":

@@ -92,7 +92,12 @@ class MultiHeadAttention(nn.Module):
     """
 
     def __init__(
-        self, d_model: int, num_heads: int, dropout: float = 0.0, bias: bool = True, fused: bool = False
+        self,
+        d_model: int,
+        num_heads: int,
+        dropout: float = 0.0,
+        bias: bool = True,
+        fused: bool = False,
     ) -> None:
         super().__init__()
         if d_model <= 0 or num_heads <= 0:
@@ -141,11 +146,13 @@ class MultiHeadAttention(nn.Module):
                 f"MultiHeadAttention: key and value must have the same length, got {key.size(1)} and {value.size(1)}"
             )
 
-    def project_kv(self, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Project and split keys and values: ``(B, L_k, d_model) -> (B, num_heads, L_k, head_dim)`` each.
+    def project_kv(
+        self, key: torch.Tensor, value: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Project and split keys and values: ``(B, L_k, d_model) -> (B, h, L_k, head_dim)`` each.
 
-        ``forward`` calls it on every pass; a KV cache (``course_lib.layers.DecoderLayer.step``) calls
-        it once per new position and keeps the result.
+        ``forward`` calls it on every pass; a KV cache (``DecoderLayer.step``) calls it once per
+        new position and keeps the result.
         """
         return self.split_heads(self.k_proj(key)), self.split_heads(self.v_proj(value))
 
@@ -157,17 +164,19 @@ class MultiHeadAttention(nn.Module):
         mask: torch.Tensor | None = None,
         return_attention: bool = False,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """Attend from ``query (B, L_q, d_model)`` to keys/values that are already projected and split,
+        """Attend from ``query (B, L_q, d_model)`` to keys/values already projected and split,
         ``k, v: (B, num_heads, L_k, head_dim)`` (from ``project_kv``). Masks as in ``forward``."""
         if mask is not None and mask.dim() in (2, 3):
-            mask = mask.unsqueeze(-3)  # (..., L_q, L_k) -> (..., 1, L_q, L_k): same mask for all heads
+            # (..., L_q, L_k) -> (..., 1, L_q, L_k): the same mask for all heads
+            mask = mask.unsqueeze(-3)
         q = self.split_heads(self.q_proj(query))  # (B, h, L_q, hd)
         trace("MultiHeadAttention", "q after split_heads", q)
         if self.fused and not return_attention:
             heads = self._fused_attention(q, k, v, mask)  # (B, h, L_q, hd), no weights stored
             self.attn_weights = None
         else:
-            heads, weights = scaled_dot_product_attention(q, k, v, mask, self.dropout)  # (B, h, L_q, hd)
+            # heads: (B, h, L_q, hd), weights: (B, h, L_q, L_k)
+            heads, weights = scaled_dot_product_attention(q, k, v, mask, self.dropout)
             self.attn_weights = weights.detach()
             trace("MultiHeadAttention", "attention weights", weights)
         out = self.out_proj(self.merge_heads(heads))  # (B, L_q, d_model)
@@ -177,7 +186,7 @@ class MultiHeadAttention(nn.Module):
     def _fused_attention(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
     ) -> torch.Tensor:
-        """``F.scaled_dot_product_attention``: same masks (bool, True = may attend), weights never stored."""
+        """``F.scaled_dot_product_attention``: same masks (True = may attend); no weights stored."""
         if mask is not None:
             check_mask(mask, (*q.shape[:-1], k.size(-2)), "MultiHeadAttention (fused)")
         p = self.dropout.p if self.training else 0.0  # dropout on the weights during training only
@@ -215,10 +224,10 @@ class MultiHeadAttention(nn.Module):
 
 
 def set_fused_attention(model: nn.Module, enabled: bool) -> nn.Module:
-    """Switch the fused path on or off in every ``MultiHeadAttention`` inside ``model``; returns ``model``.
+    """Switch the fused path on or off in every ``MultiHeadAttention`` of ``model``; returns it.
 
     With it on, attention weights are not stored (``attn_weights`` is None) unless a call asks for
-    them with ``return_attention=True``. Use it for training and generation, not for looking at weights.
+    them with ``return_attention=True``. Use it for training and generation, not to look at weights.
     """
     for module in model.modules():
         if isinstance(module, MultiHeadAttention):

@@ -2,7 +2,8 @@
 
 Every function encodes the source once and then calls the decoder once per new token. With the KV
 cache (``Transformer.start_cache`` / ``decode_step``, the default) each step feeds only the newest
-token; ``greedy_decode(..., use_cache=False)`` recomputes the whole prefix instead, as lesson 06 does.
+token; ``greedy_decode(..., use_cache=False)`` recomputes the whole prefix instead, as lesson 06
+does.
 
 Conventions shared by the three functions:
 
@@ -31,12 +32,16 @@ __all__ = ["greedy_decode", "beam_search", "sample", "filter_logits", "length_pe
 # --------------------------------------------------------------------------------------------
 
 
-def _check_common(where: str, model, src: torch.Tensor, max_len: int, start_id: int, end_id: int | None):
+def _check_common(
+    where: str, model, src: torch.Tensor, max_len: int, start_id: int, end_id: int | None
+):
     if not isinstance(src, torch.Tensor) or src.dim() != 2 or src.numel() == 0:
         shape = tuple(src.shape) if isinstance(src, torch.Tensor) else type(src).__name__
         raise ValueError(f"{where}: src must be a non-empty (B, L_s) tensor of ids, got {shape}")
     if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1:
-        raise ValueError(f"{where}: max_len must be an int >= 1 (tokens to generate), got {max_len!r}")
+        raise ValueError(
+            f"{where}: max_len must be an int >= 1 (tokens to generate), got {max_len!r}"
+        )
     vocab = model.config.tgt_vocab_size
     for name, value in (("start_id", start_id), ("end_id", end_id)):
         if value is None and name == "end_id":
@@ -67,7 +72,7 @@ def _finish(next_id: torch.Tensor, finished: torch.Tensor, end_id: int | None) -
 
 
 def _pad_to(ys: torch.Tensor, max_len: int, fill: int | None) -> torch.Tensor:
-    """``(B, T) -> (B, max_len)``: a loop that stopped early (every row finished) is filled with ``end_id``."""
+    """``(B, T) -> (B, max_len)``: a loop that stopped early (all rows done) fills ``end_id``."""
     if ys.size(1) < max_len:
         ys = F.pad(ys, (0, max_len - ys.size(1)), value=fill)
     return ys
@@ -107,7 +112,8 @@ def greedy_decode(
         ``(B, max_len)`` generated ids, without the start symbol.
     """
     _check_common("greedy_decode", model, src, max_len, start_id, end_id)
-    memory, src_mask = _source(model, src, src_mask, "greedy_decode")  # (B, L_s, d_model), computed once
+    # memory (B, L_s, d_model), computed once
+    memory, src_mask = _source(model, src, src_mask, "greedy_decode")
     B = src.size(0)
     ys = torch.full((B, 1), start_id, dtype=torch.long, device=src.device)  # (B, 1)
     finished = torch.zeros(B, dtype=torch.bool, device=src.device)
@@ -131,11 +137,12 @@ def greedy_decode(
 
 
 def length_penalty_factor(length: torch.Tensor | int, alpha: float) -> torch.Tensor | float:
-    """GNMT's length normalisation (Wu et al., 2016, eq. 14): ``lp(len) = ((5 + len) / 6) ** alpha``.
+    """GNMT's length normalisation (Wu et al., 2016): ``lp(len) = ((5 + len) / 6) ** alpha``.
 
     A hypothesis is scored ``sum of log-probabilities / lp(len)``, where ``len`` counts the
     generated tokens including ``end_id``. ``alpha = 0`` is the plain sum (which favours short
-    outputs, since every token adds a negative log-probability); larger ``alpha`` favours longer ones.
+    outputs, since every token adds a negative log-probability); a larger ``alpha`` favours longer
+    ones.
     """
     return ((5.0 + length) / 6.0) ** alpha
 
@@ -151,16 +158,18 @@ def beam_search(
     length_penalty: float = 0.6,
     src_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Keep the ``beam_size`` best partial outputs per row instead of one; return the best finished one.
+    """Keep the ``beam_size`` best partial outputs per row instead of one; return the best one.
 
     Every step extends each live beam by every token, scores the candidates with
     ``length_penalty_factor`` (GNMT) and keeps the best ``beam_size`` per row. A beam that produced
-    ``end_id`` is finished: it stays in the beam with its score and length frozen, competing with the
-    live ones. The search stops when every beam of every row has finished, or after ``max_len`` tokens.
+    ``end_id`` is finished: it stays in the beam with its score and length frozen, competing with
+    the live ones. The search stops when every beam of every row has finished, or after
+    ``max_len`` tokens.
     ``beam_size=1`` is greedy decoding; a beam that keeps every prefix is an exhaustive search.
 
     Args:
-        model, src, max_len, start_id, end_id, src_mask: as in ``greedy_decode`` (``end_id`` required).
+        model, src, max_len, start_id, end_id, src_mask: as in ``greedy_decode`` (``end_id`` is
+            required).
         beam_size: beams kept per row, >= 1.
         length_penalty: GNMT's ``alpha`` >= 0 (0.6 in their paper; 0 = raw log-probability).
 
@@ -173,13 +182,23 @@ def beam_search(
         raise ValueError("beam_search: end_id is required (beams compete once they have ended)")
     if isinstance(beam_size, bool) or not isinstance(beam_size, int) or beam_size < 1:
         raise ValueError(f"beam_search: beam_size must be an int >= 1, got {beam_size!r}")
-    if not (isinstance(length_penalty, (int, float)) and math.isfinite(length_penalty) and length_penalty >= 0):
-        raise ValueError(f"beam_search: length_penalty (alpha) must be a finite number >= 0, got {length_penalty!r}")
+    if not (
+        isinstance(length_penalty, (int, float))
+        and math.isfinite(length_penalty)
+        and length_penalty >= 0
+    ):
+        raise ValueError(
+            "beam_search: length_penalty (alpha) must be a finite number >= 0, got "
+            f"{length_penalty!r}"
+        )
     memory, src_mask = _source(model, src, src_mask, "beam_search")
     B, K, device = src.size(0), beam_size, src.device
     # Each row becomes K beams: (B, ...) -> (B*K, ...), rows b*K .. b*K+K-1 belong to source b.
-    cache = model.start_cache(memory.repeat_interleave(K, dim=0), src_mask.repeat_interleave(K, dim=0))
-    tokens = torch.full((B * K,), start_id, dtype=torch.long, device=device)  # last token of each beam
+    cache = model.start_cache(
+        memory.repeat_interleave(K, dim=0), src_mask.repeat_interleave(K, dim=0)
+    )
+    # the last token of each beam, (B*K,)
+    tokens = torch.full((B * K,), start_id, dtype=torch.long, device=device)
     seqs = torch.empty(B * K, 0, dtype=torch.long, device=device)  # (B*K, t) generated so far
     logp_sum = torch.zeros(B, K, device=device)
     logp_sum[:, 1:] = float("-inf")  # at the start all K beams are the same: keep only the first
@@ -188,7 +207,7 @@ def beam_search(
     for _ in range(max_len):
         logp = model.decode_step(tokens, cache).float().log_softmax(dim=-1)  # (B*K, V)
         V = logp.size(-1)
-        # A finished beam has one continuation, end_id, which costs nothing and does not lengthen it.
+        # A finished beam has one continuation, end_id, which costs nothing and adds no length.
         logp[finished] = float("-inf")
         logp[finished, end_id] = 0.0
         candidates = logp_sum.view(-1, 1) + logp  # (B*K, V) summed log-probabilities
@@ -215,11 +234,13 @@ def beam_search(
 # --------------------------------------------------------------------------------------------
 
 
-def filter_logits(logits: torch.Tensor, top_k: int | None = None, top_p: float | None = None) -> torch.Tensor:
+def filter_logits(
+    logits: torch.Tensor, top_k: int | None = None, top_p: float | None = None
+) -> torch.Tensor:
     """Set to ``-inf`` every logit outside the top ``top_k`` and outside the nucleus ``top_p``.
 
-    ``logits (..., V)``. Nucleus (Holtzman et al., 2020): keep the smallest set of most likely tokens
-    whose probabilities add up to at least ``top_p``; the most likely token is always kept.
+    ``logits (..., V)``. Nucleus (Holtzman et al., 2020): keep the smallest set of most likely
+    tokens whose probabilities add up to at least ``top_p``; the most likely token is always kept.
     """
     if top_k is not None and top_k < logits.size(-1):
         kth = logits.topk(top_k, dim=-1).values[..., -1:]  # (..., 1) the k-th largest logit
@@ -227,7 +248,8 @@ def filter_logits(logits: torch.Tensor, top_k: int | None = None, top_p: float |
     if top_p is not None and top_p < 1.0:
         sorted_logits, order = logits.sort(dim=-1, descending=True)
         probs = sorted_logits.softmax(dim=-1)
-        mass_before = probs.cumsum(dim=-1) - probs  # probability of the tokens ranked above each one
+        # the probability of the tokens ranked above each one
+        mass_before = probs.cumsum(dim=-1) - probs
         drop_sorted = mass_before >= top_p  # the nucleus is already complete without this token
         drop = drop_sorted.scatter(-1, order, drop_sorted)  # back to vocabulary order
         logits = logits.masked_fill(drop, float("-inf"))
@@ -251,26 +273,35 @@ def sample(
 
     Args:
         model, src, max_len, start_id, end_id, src_mask: as in ``greedy_decode``.
-        temperature: > 0; the logits are divided by it (< 1 sharpens, > 1 flattens; near 0 = greedy).
+        temperature: > 0; the logits are divided by it (< 1 sharpens, > 1 flattens; ~0 = greedy).
         top_k: keep only the k most likely tokens (k >= 1; 1 = greedy).
-        top_p: nucleus sampling, in (0, 1]: keep the most likely tokens whose mass reaches ``top_p``.
+        top_p: nucleus sampling, in (0, 1]: the most likely tokens whose mass reaches ``top_p``.
         generator: a seeded ``torch.Generator`` makes the draws reproducible.
 
     Returns:
         ``(B, max_len)`` generated ids, without the start symbol.
     """
     _check_common("sample", model, src, max_len, start_id, end_id)
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) \
-            or not math.isfinite(temperature) or temperature <= 0:
-        raise ValueError(f"sample: temperature must be a finite number > 0, got {temperature!r} "
-                         "(for temperature -> 0 use greedy_decode, or top_k=1)")
+    if (
+        isinstance(temperature, bool)
+        or not isinstance(temperature, (int, float))
+        or not math.isfinite(temperature)
+        or temperature <= 0
+    ):
+        raise ValueError(
+            f"sample: temperature must be a finite number > 0, got {temperature!r} "
+            "(for temperature -> 0 use greedy_decode, or top_k=1)"
+        )
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
         raise ValueError(f"sample: top_k must be None or an int >= 1, got {top_k!r}")
-    if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, (int, float))
-                              or not 0.0 < top_p <= 1.0):
+    if top_p is not None and (
+        isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0.0 < top_p <= 1.0
+    ):
         raise ValueError(f"sample: top_p must be None or a number in (0, 1], got {top_p!r}")
     if generator is not None and not isinstance(generator, torch.Generator):
-        raise TypeError(f"sample: generator must be a torch.Generator or None, got {type(generator).__name__}")
+        raise TypeError(
+            f"sample: generator must be a torch.Generator or None, got {type(generator).__name__}"
+        )
     memory, src_mask = _source(model, src, src_mask, "sample")
     B = src.size(0)
     ys = torch.full((B, 1), start_id, dtype=torch.long, device=src.device)

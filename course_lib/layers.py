@@ -72,7 +72,7 @@ class EncoderLayer(nn.Module):
         fused_attention: bool = False,
     ) -> None:
         super().__init__()
-        self.self_attn = MultiHeadAttention(d_model, num_heads, dropout, bias, fused=fused_attention)
+        self.self_attn = MultiHeadAttention(d_model, num_heads, dropout, bias, fused_attention)
         self.feed_forward = FeedForward(d_model, d_ff, dropout=dropout, activation=activation)
         self.norm1 = nn.LayerNorm(d_model, eps=layer_norm_eps)
         self.norm2 = nn.LayerNorm(d_model, eps=layer_norm_eps)
@@ -100,12 +100,13 @@ class EncoderLayer(nn.Module):
 
 @dataclass
 class LayerKVCache:
-    """What one decoder layer keeps between generation steps (lesson 07), all ``(B, h, ., head_dim)``.
+    """What one decoder layer keeps between generation steps (lesson 07).
 
     self_k, self_v:   ``(B, num_heads, t, head_dim)``: the self-attention keys and values of the t
                       positions decoded so far; ``DecoderLayer.step`` appends one row per step.
     cross_k, cross_v: ``(B, num_heads, L_s, head_dim)``: the cross-attention keys and values of the
-                      memory; they never change, so they are computed once (``DecoderLayer.start_cache``).
+                      memory; they never change, so they are computed once
+                      (``DecoderLayer.start_cache``).
     """
 
     self_k: torch.Tensor
@@ -114,7 +115,7 @@ class LayerKVCache:
     cross_v: torch.Tensor
 
     def reorder(self, index: torch.Tensor) -> "LayerKVCache":
-        """Keep rows ``index`` (B_new,) of the batch, in that order (beam search reorders its beams)."""
+        """Keep batch rows ``index`` (B_new,), in that order (beam search reorders its beams)."""
         return LayerKVCache(*(t.index_select(0, index) for t in
                               (self.self_k, self.self_v, self.cross_k, self.cross_v)))
 
@@ -140,8 +141,8 @@ class DecoderLayer(nn.Module):
         fused_attention: bool = False,
     ) -> None:
         super().__init__()
-        self.self_attn = MultiHeadAttention(d_model, num_heads, dropout, bias, fused=fused_attention)
-        self.cross_attn = MultiHeadAttention(d_model, num_heads, dropout, bias, fused=fused_attention)
+        self.self_attn = MultiHeadAttention(d_model, num_heads, dropout, bias, fused_attention)
+        self.cross_attn = MultiHeadAttention(d_model, num_heads, dropout, bias, fused_attention)
         self.feed_forward = FeedForward(d_model, d_ff, dropout=dropout, activation=activation)
         self.norm1 = nn.LayerNorm(d_model, eps=layer_norm_eps)
         self.norm2 = nn.LayerNorm(d_model, eps=layer_norm_eps)
@@ -189,8 +190,9 @@ class DecoderLayer(nn.Module):
         ``cross_k/v (B, h, L_s, hd)``.
         """
         _check_input(memory, self.self_attn.d_model, "DecoderLayer.start_cache", "memory")
-        cross_k, cross_v = self.cross_attn.project_kv(memory, memory)  # once per layer, not per step
-        empty = cross_k.new_zeros(cross_k.size(0), cross_k.size(1), 0, cross_k.size(3))  # (B, h, 0, hd)
+        cross_k, cross_v = self.cross_attn.project_kv(memory, memory)  # once, not every step
+        B, h, _, hd = cross_k.shape
+        empty = cross_k.new_zeros(B, h, 0, hd)  # (B, h, 0, hd): no position decoded yet
         return LayerKVCache(empty, empty, cross_k, cross_v)
 
     def step(
@@ -214,7 +216,9 @@ class DecoderLayer(nn.Module):
         """
         _check_input(x, self.self_attn.d_model, "DecoderLayer.step")
         if x.size(1) != 1:
-            raise ValueError(f"DecoderLayer.step: x must be one position (B, 1, d_model), got {tuple(x.shape)}")
+            raise ValueError(
+                f"DecoderLayer.step: x must be one position (B, 1, d_model), got {tuple(x.shape)}"
+            )
 
         def self_attention(h: torch.Tensor) -> torch.Tensor:  # h: (B, 1, d_model)
             k, v = self.self_attn.project_kv(h, h)  # (B, h, 1, hd): the new row only
@@ -223,8 +227,9 @@ class DecoderLayer(nn.Module):
             cache.self_v = torch.cat([cache.self_v, v], dim=2)
             return self.dropout1(self.self_attn.attend(h, cache.self_k, cache.self_v, self_mask))
 
-        def cross_attention(h: torch.Tensor) -> torch.Tensor:  # the memory's keys/values, from the cache
-            return self.dropout2(self.cross_attn.attend(h, cache.cross_k, cache.cross_v, memory_mask))
+        def cross_attention(h: torch.Tensor) -> torch.Tensor:  # the memory's keys/values, cached
+            out = self.cross_attn.attend(h, cache.cross_k, cache.cross_v, memory_mask)
+            return self.dropout2(out)
 
         if self.norm_first:
             x = x + self_attention(self.norm1(x))
@@ -284,7 +289,7 @@ class Decoder(nn.Module):
         return self.norm(x) if self.norm is not None else x
 
     def start_cache(self, memory: torch.Tensor) -> list[LayerKVCache]:
-        """One ``LayerKVCache`` per layer: empty self-attention caches, the memory's keys and values."""
+        """One ``LayerKVCache`` per layer: empty self-attention caches, the memory's keys/values."""
         return [layer.start_cache(memory) for layer in self.layers]
 
     def step(
@@ -294,7 +299,7 @@ class Decoder(nn.Module):
         self_mask: torch.Tensor | None = None,
         memory_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """``x (B, 1, d_model)`` the newest position -> ``(B, 1, d_model)``; see ``DecoderLayer.step``."""
+        """Newest position ``x (B, 1, d_model)`` -> ``(B, 1, d_model)`` (``DecoderLayer.step``)."""
         for layer, cache in zip(self.layers, caches):
             x = layer.step(x, cache, self_mask, memory_mask)
         return self.norm(x) if self.norm is not None else x

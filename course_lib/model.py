@@ -35,8 +35,8 @@ class TransformerConfig:
     ``tie_embeddings``: ``"none"``; ``"decoder"`` (target embedding = output projection);
     ``"all"`` (source embedding = target embedding = output projection, paper section 3.4;
     needs ``src_vocab_size == tgt_vocab_size``).
-    ``fused_attention``: every ``MultiHeadAttention`` uses PyTorch's fused kernel when no weights are
-    asked for (faster, same result; ``attn_weights`` is then None). See ``set_fused_attention``.
+    ``fused_attention``: every ``MultiHeadAttention`` uses PyTorch's fused kernel when no weights
+    are asked for (faster, same result; ``attn_weights`` is then None). See ``set_fused_attention``.
     """
 
     src_vocab_size: int = 11
@@ -94,7 +94,8 @@ class TransformerConfig:
         """Keyword arguments shared by ``Encoder``, ``Decoder`` and their layers."""
         return dict(
             dropout=self.dropout, activation=self.activation, norm_first=self.norm_first,
-            layer_norm_eps=self.layer_norm_eps, bias=self.bias, fused_attention=self.fused_attention,
+            layer_norm_eps=self.layer_norm_eps, bias=self.bias,
+            fused_attention=self.fused_attention,
         )
 
     def embedding(self, vocab_size: int) -> TransformerEmbedding:
@@ -149,9 +150,10 @@ class KVCache:
         return self.tgt_keep.size(1)
 
     def reorder(self, index: torch.Tensor) -> "KVCache":
-        """Keep batch rows ``index`` (B_new,), in that order (beam search follows its surviving beams)."""
+        """Keep batch rows ``index`` (B_new,), in that order (beam search follows its beams)."""
         mask = self.memory_mask.index_select(0, index) if self.memory_mask is not None else None
-        return KVCache([c.reorder(index) for c in self.layers], mask, self.tgt_keep.index_select(0, index))
+        layers = [c.reorder(index) for c in self.layers]
+        return KVCache(layers, mask, self.tgt_keep.index_select(0, index))
 
 
 class Transformer(nn.Module):
@@ -208,8 +210,9 @@ class Transformer(nn.Module):
         return self.decoder(self.tgt_embed(tgt), memory, tgt_mask, src_mask)
 
     def start_cache(self, memory: torch.Tensor, src_mask: torch.Tensor | None = None) -> KVCache:
-        """A cache for generating from ``memory (B, L_s, d_model)``: nothing decoded yet, and every
-        decoder layer's cross-attention keys and values computed once. ``src_mask`` as in ``decode``."""
+        """A cache for generating from ``memory (B, L_s, d_model)``: nothing decoded yet, and
+        every decoder layer's cross-attention keys and values computed once. ``src_mask`` as in
+        ``decode``."""
         B = memory.size(0)
         keep = torch.zeros(B, 0, dtype=torch.bool, device=memory.device)  # (B, 0): no position yet
         return KVCache(self.decoder.start_cache(memory), src_mask, keep)
@@ -218,12 +221,12 @@ class Transformer(nn.Module):
         """Feed one new token per row and return the next-token logits, reusing the cache.
 
         Args:
-            tokens: ``(B,)`` the token at position t = ``cache.length`` (first call: the start symbol).
-            cache: from ``start_cache``; updated in place (one more row of keys and values per layer).
+            tokens: ``(B,)`` the token at position t = ``cache.length`` (first: the start symbol).
+            cache: from ``start_cache``; updated in place (one more row of keys and values).
 
         Returns:
             logits ``(B, tgt_vocab_size)``, equal (to float precision) to the last position of
-            ``generator(decode(all t+1 tokens, memory, src_mask))``: the work is one position, not t+1.
+            ``generator(decode(all t+1 tokens, memory, src_mask))``; the work is one position.
         """
         if tokens.dim() != 1 or tokens.size(0) != cache.tgt_keep.size(0):
             raise ValueError(
@@ -236,8 +239,9 @@ class Transformer(nn.Module):
         if emb.norm is not None:
             x = emb.norm(x)
         x = emb.dropout(x)
-        cache.tgt_keep = torch.cat([cache.tgt_keep, (tokens != self.config.pad_id).unsqueeze(1)], dim=1)
-        self_mask = cache.tgt_keep.unsqueeze(1)  # (B, 1, t+1): the new query sees every non-pad position
+        keep = (tokens != self.config.pad_id).unsqueeze(1)  # (B, 1): a pad token is never a key
+        cache.tgt_keep = torch.cat([cache.tgt_keep, keep], dim=1)  # (B, t+1)
+        self_mask = cache.tgt_keep.unsqueeze(1)  # (B, 1, t+1): the new query sees every non-pad
         hidden = self.decoder.step(x, cache.layers, self_mask, cache.memory_mask)  # (B, 1, d_model)
         return self.generator(hidden[:, 0])  # (B, tgt_vocab_size)
 

@@ -1,4 +1,4 @@
-"""Tests for the lesson-07 checkers: correct answers in several styles pass, each named mistake is caught."""
+"""Lesson-07 checkers: correct answers in several styles pass, each named mistake is caught."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ def _solution(key: str) -> dict:
 # predict: decoder work
 # ----------------------------------------------------------------------------------------------
 
+
 def test_decoder_work_right(capsys):
     assert passes(check_decoder_work, _solution("07.decoder_work")["predicted_decoder_work"])
     assert "right, 210 positions" in capsys.readouterr().out
@@ -34,13 +35,16 @@ def test_decoder_work_right_as_list_or_computed():
     assert passes(check_decoder_work, lambda: [sum(range(1, 21)), 20])
 
 
-@pytest.mark.parametrize("answer, words", [
-    ((400, 20), "only t exist yet"),
-    ((190, 20), "start symbol"),
-    ((210, 1), "not the steps"),
-    ((231, 21), "one step too many"),
-    ((5, 2), "you said 5"),
-])
+@pytest.mark.parametrize(
+    "answer, words",
+    [
+        ((400, 20), "only t exist yet"),
+        ((190, 20), "start symbol"),
+        ((210, 1), "not the steps"),
+        ((231, 21), "one step too many"),
+        ((5, 2), "you said 5"),
+    ],
+)
 def test_decoder_work_mistakes(answer, words):
     with pytest.raises(CheckFailure, match=words):
         check_decoder_work(lambda: answer)
@@ -63,8 +67,11 @@ def test_decoder_work_stub(capsys):
 # debug: cached self-attention
 # ----------------------------------------------------------------------------------------------
 
+
 def test_cached_attention_solution_passes(capsys):
-    assert passes(check_cached_self_attention, _solution("07.cached_attention")["cached_self_attention_step"])
+    assert passes(
+        check_cached_self_attention, _solution("07.cached_attention")["cached_self_attention_step"]
+    )
     assert "all 2 cases match" in capsys.readouterr().out
 
 
@@ -125,6 +132,7 @@ def test_cached_attention_stub(capsys):
 # build: top-p filter
 # ----------------------------------------------------------------------------------------------
 
+
 def test_top_p_solution_passes(capsys):
     assert passes(check_top_p_filter, _solution("07.top_p")["my_top_p_filter"])
     assert "all 6 cases match" in capsys.readouterr().out
@@ -132,6 +140,7 @@ def test_top_p_solution_passes(capsys):
 
 def test_top_p_threshold_style_passes():
     """Another style: find the smallest kept logit and compare, with a large negative number."""
+
     def top_p(logits, p):
         probs, _ = logits.softmax(-1).sort(-1, descending=True)
         n_keep = ((probs.cumsum(-1) - probs) < p).sum(-1, keepdim=True)  # (..., 1)

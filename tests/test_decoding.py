@@ -1,4 +1,4 @@
-"""greedy_decode, beam_search and sample: the KV cache, the proofs of lesson 07, and bad arguments."""
+"""greedy_decode, beam_search and sample: the KV cache, lesson 07's proofs, and bad arguments."""
 
 import itertools
 
@@ -7,15 +7,29 @@ import torch
 from _helpers import assert_close, seeded  # noqa: F401  (seeded: autouse fixture)
 
 from course_lib import Transformer, TransformerConfig, padding_mask
-from course_lib.decoding import beam_search, filter_logits, greedy_decode, length_penalty_factor, sample
+from course_lib.decoding import (
+    beam_search,
+    filter_logits,
+    greedy_decode,
+    length_penalty_factor,
+    sample,
+)
 
 PAD, SOS, EOS = 0, 1, 2
 
 
 def _model(norm_first: bool, vocab: int = 12, positional: str = "sinusoidal", **kw) -> Transformer:
     config = TransformerConfig(
-        src_vocab_size=vocab, tgt_vocab_size=vocab, d_model=32, num_heads=4, d_ff=64,
-        num_encoder_layers=2, num_decoder_layers=2, norm_first=norm_first, positional=positional, **kw,
+        src_vocab_size=vocab,
+        tgt_vocab_size=vocab,
+        d_model=32,
+        num_heads=4,
+        d_ff=64,
+        num_encoder_layers=2,
+        num_decoder_layers=2,
+        norm_first=norm_first,
+        positional=positional,
+        **kw,
     )
     model = Transformer(config).eval()
     with torch.no_grad():  # larger logits than Xavier's, so that argmaxes are not near-ties
@@ -81,11 +95,11 @@ def test_greedy_end_id_row_stays_finished():
     for row in out:
         hits = (row == end_id).nonzero()
         if len(hits):
-            assert (row[hits[0, 0]:] == end_id).all()
+            assert (row[hits[0, 0] :] == end_id).all()
 
 
 def test_source_mask_matters():
-    """With the source mask, extra padding changes nothing; without it, the padding is attended to."""
+    """With the source mask, extra padding changes nothing; without it, padding is attended to."""
     model = _model(False)
     src = _padded_src()
     longer = torch.cat([src, torch.full((4, 5), PAD)], dim=1)  # the same sequences, more padding
@@ -97,8 +111,12 @@ def test_source_mask_matters():
             return model.decode_step(torch.full((4,), SOS), cache)
 
     no_mask = torch.ones(4, 1, longer.size(1), dtype=torch.bool)  # the bug: every key visible
-    assert_close(first_logits(longer, padding_mask(longer, PAD)), first_logits(src, padding_mask(src, PAD)))
-    assert not torch.allclose(first_logits(longer, no_mask), first_logits(src, padding_mask(src, PAD)))
+    assert_close(
+        first_logits(longer, padding_mask(longer, PAD)), first_logits(src, padding_mask(src, PAD))
+    )
+    assert not torch.allclose(
+        first_logits(longer, no_mask), first_logits(src, padding_mask(src, PAD))
+    )
 
 
 @pytest.mark.parametrize("norm_first", [False, True])
@@ -141,7 +159,9 @@ def test_wide_beam_is_exhaustive(norm_first, alpha):
     with torch.no_grad():
         model.generator.weight.mul_(0.25)  # back to flatter distributions: many close competitors
     src = torch.tensor([[3, 3, 3], [3, 0, 0]])
-    tokens, scores = beam_search(model, src, max_len, SOS, EOS, beam_size=vocab**max_len, length_penalty=alpha)
+    tokens, scores = beam_search(
+        model, src, max_len, SOS, EOS, beam_size=vocab**max_len, length_penalty=alpha
+    )
     for b in range(2):
         best, best_seq = _exhaustive_best(model, src[b], max_len, alpha)
         assert scores[b].item() == pytest.approx(best, abs=1e-5)
@@ -170,9 +190,15 @@ def test_top_k_one_and_tiny_temperature_are_greedy():
 def test_sample_is_reproducible_with_a_seeded_generator():
     model = _model(False)
     src = _padded_src()
-    a = sample(model, src, 10, SOS, EOS, temperature=2.0, generator=torch.Generator().manual_seed(3))
-    b = sample(model, src, 10, SOS, EOS, temperature=2.0, generator=torch.Generator().manual_seed(3))
-    c = sample(model, src, 10, SOS, EOS, temperature=2.0, generator=torch.Generator().manual_seed(4))
+    a = sample(
+        model, src, 10, SOS, EOS, temperature=2.0, generator=torch.Generator().manual_seed(3)
+    )
+    b = sample(
+        model, src, 10, SOS, EOS, temperature=2.0, generator=torch.Generator().manual_seed(3)
+    )
+    c = sample(
+        model, src, 10, SOS, EOS, temperature=2.0, generator=torch.Generator().manual_seed(4)
+    )
     assert torch.equal(a, b) and not torch.equal(a, c)
 
 
@@ -205,7 +231,9 @@ BAD = [
 ]
 
 
-@pytest.mark.parametrize("fn, kwargs, word", BAD, ids=[f"{f.__name__}-{w}-{i}" for i, (f, _, w) in enumerate(BAD)])
+@pytest.mark.parametrize(
+    "fn, kwargs, word", BAD, ids=[f"{f.__name__}-{w}-{i}" for i, (f, _, w) in enumerate(BAD)]
+)
 def test_bad_arguments(fn, kwargs, word):
     model = _model(False)
     args = dict(model=model, src=_padded_src(), max_len=5, start_id=SOS, end_id=EOS)

@@ -119,7 +119,9 @@ def test_fused_path_checks_the_mask():
 def test_config_switch_and_set_fused_attention(norm_first):
     config = TransformerConfig(norm_first=norm_first, num_encoder_layers=1, num_decoder_layers=2)
     model = Transformer(config).eval()
-    fused_model = Transformer(TransformerConfig(**{**config.__dict__, "fused_attention": True})).eval()
+    fused_model = Transformer(
+        TransformerConfig(**{**config.__dict__, "fused_attention": True})
+    ).eval()
     fused_model.load_state_dict(model.state_dict())
     attn = [m for m in fused_model.modules() if isinstance(m, MultiHeadAttention)]
     assert len(attn) == 1 + 2 * 2 and all(m.fused for m in attn)

@@ -82,9 +82,10 @@ class CopyTask:
         if batch_size < 1:
             raise ValueError(f"CopyTask.train_batch: batch_size must be >= 1, got {batch_size}")
         src = self._sample(batch_size, generator)
-        for i in range(batch_size):
-            while tuple(src[i].tolist()) in self._heldout_keys:
+        for i, row in enumerate(src.tolist()):  # one tolist() for the batch, not one per row
+            while tuple(row) in self._heldout_keys:
                 src[i] = self._sample(1, generator)[0]
+                row = src[i].tolist()
         return self.make_batch(src)
 
     def is_heldout(self, seq: torch.Tensor) -> bool:

@@ -236,13 +236,13 @@ def copy_task_config(**changes: object) -> TransformerConfig:
 def train_copy_task(
     config: TransformerConfig | None = None,
     task: CopyTask | None = None,
-    num_steps: int = 300,
+    num_steps: int = 150,
     batch_size: int = 128,
-    warmup: int = 50,
+    warmup: int = 40,
     factor: float = 0.5,
-    cooldown: int = 150,
+    cooldown: int = 110,
     smoothing: float = 0.0,
-    betas: tuple[float, float] = (0.9, 0.999),
+    betas: tuple[float, float] = (0.7, 0.99),
     seed: int = 0,
     progress: bool = True,
     callback: Callable[[int, nn.Module], None] | None = None,
@@ -251,11 +251,13 @@ def train_copy_task(
     """Train a small Transformer on the copy task; returns ``(model in eval mode, losses)``.
 
     The recipe: ``copy_task_config()`` (1+1 pre-LN layers, d_model 64, 4 heads, d_ff 128, no
-    dropout); Adam(betas (0.9, 0.999), eps 1e-9); the Noam schedule with warm-up 50 and factor 0.5
-    (peak ~8.8e-3 at step 50) times a linear cool-down to 0 over the last 150 steps; 300 batches of
-    128 fresh sequences; no label smoothing. Over seeds 0-4 it first reaches 100% held-out exact
-    match at step 125-175 and stays at 100% at every later evaluation (every 25 steps) up to step
-    300. ``fused`` trains with PyTorch's fused attention kernel (same results, no stored weights) and
+    dropout); Adam(betas (0.7, 0.99), eps 1e-9), shorter memories than the paper's (0.9, 0.98),
+    which about halve the steps this model needs here (lesson 06 measures it); the Noam schedule
+    with warm-up 40 and factor 0.5 (peak ~9.9e-3 at step 40) times a linear cool-down to 0 over the
+    last 110 steps, so the rate falls from the end of the warm-up on; 150 batches of 128 fresh
+    sequences; no label smoothing. Over seeds 0-4 it first reaches 100% held-out exact match at
+    step 75-100 and stays at 100% at every later evaluation (every 25 steps) up to step 150.
+    ``fused`` trains with PyTorch's fused attention kernel (same results, no stored weights) and
     switches it off again at the end, so the returned model stores its attention weights as usual.
     """
     config = config if config is not None else copy_task_config()
@@ -263,7 +265,9 @@ def train_copy_task(
     torch.manual_seed(seed)
     model = Transformer(config)
     set_fused_attention(model, fused)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=betas, eps=1e-9)
+    # fused=True: one kernel updates every parameter (about 0.6 ms a step here, against 3-4.5 ms for
+    # the default loop over 50 parameter tensors); the same update up to float rounding.
+    optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=betas, eps=1e-9, fused=True)
     scheduler = noam_scheduler(optimizer, config.d_model, warmup, factor, num_steps, cooldown)
     loss_fn = LabelSmoothingLoss(config.tgt_vocab_size, config.pad_id, smoothing)
     gen = torch.Generator().manual_seed(seed)

@@ -5,6 +5,8 @@
 # JavaScript for bertviz's offline views (requirements-js.txt, hash-checked), course_lib in editable
 # mode, and the kernel "python3" inside .venv (--sys-prefix: only this clone's JupyterLab sees it,
 # and it runs this clone's .venv; nothing is installed for the whole user).
+# `make test-portability` runs the tests that train and every lesson on each float path this CPU offers
+# (ATEN_CPU_CAPABILITY=default, avx2, avx512): what learners' and instructors' CPUs compute.
 # `make test-browser` checks every lesson in JupyterLab and headless Chromium (needs `chromium`).
 # `make sync` regenerates each lesson's Colab badge, setup cell and image attachments.
 
@@ -19,7 +21,8 @@ PYTEST_ARGS := tests --nbval notebooks --nbval-current-env \
                --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=600 -p no:cacheprovider
 SOLUTIONS_ARGS := tests/notebooks_with_solutions.py -p no:cacheprovider
 
-.PHONY: setup lab test test-solutions test-lib test-notebooks test-browser sync benchmark images execute clean
+.PHONY: setup lab test test-portability test-solutions test-lib test-notebooks test-browser sync benchmark \
+        images execute clean
 
 setup: $(STAMP)
 
@@ -46,6 +49,10 @@ lab: setup
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
 	$(PY) -m pytest $(SOLUTIONS_ARGS)
+
+# The float-path matrix (scripts/float_paths.py): every path this CPU offers, or PATHS="default avx2".
+test-portability: setup
+	$(PY) scripts/float_paths.py $(if $(PATHS),--paths $(PATHS))
 
 # The second run: every notebook with its exercise stubs replaced by the solutions; every checker passes.
 test-solutions: setup

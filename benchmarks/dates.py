@@ -8,13 +8,14 @@ The corpus (`course_lib.data.DatesCorpus`) writes dates from 1900 to 2099 in ten
 ("2024-03-03").
 2,000 dates are held out: no held-out date appears in training in any format. The recipe is
 `course_lib.training.train_dates` with its defaults (1+1 pre-LN layers, d_model 64, label smoothing
-0.1, the Noam schedule with a linear cool-down, 600 batches of 128, fused attention while training).
+0.1, the Noam schedule with a linear cool-down over the last 360 steps, 600 batches of 128, fused
+attention while training), with 2 threads by default (lesson 08 trains with 1).
 
 Only the training steps are timed; the held-out exact match every 50 steps (one teacher-forced pass,
 the same number as greedy decoding) is not. The final score is greedy decoding of the 2,000 held-out
 dates. The last line is the worst of the seeds run, e.g.
 
-    dates: 99.8% exact match on 2000 held-out dates after 41.2 s of training
+    dates: 100.0% exact match on 2000 held-out dates after 21.8 s of training
 """
 
 from __future__ import annotations

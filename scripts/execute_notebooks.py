@@ -5,7 +5,9 @@
 Runs from the notebook's own folder (as JupyterLab does), records no timing metadata, stores each
 text stream as a terminal would show it (a progress bar's carriage-return updates collapse to its
 final state, as nbval also compares them), and sets the generic "python3" kernel so the stored
-notebooks open anywhere (JupyterLab, Colab).
+notebooks open anywhere (JupyterLab, Colab). A reveal cell (metadata ``"reveals"``: it runs the
+experiment after a "Predict, then run" exercise) keeps no output: the learner sees the result only by
+running it, after answering.
 """
 
 from __future__ import annotations
@@ -50,6 +52,8 @@ def execute(path: Path) -> None:
     for cell in nb.cells:
         if cell.cell_type == "code":
             cell.outputs = merge_streams(cell.outputs)
+            if cell.metadata.get("reveals"):
+                cell.outputs, cell.execution_count = [], None
     nb.metadata["kernelspec"] = KERNELSPEC
     nb.metadata.pop("widgets", None)
     nbformat.write(nb, path)

@@ -187,7 +187,7 @@ def test_mismatched_batch_sizes_between_src_and_tgt(model):
         model(_ids(batch=2), _ids(batch=3))
     memory = model.encode(_ids(batch=3))
     with pytest.raises(ValueError, match=r"tgt and memory must have the same batch size, got 2 and 3"):
-        model.decode(_ids(batch=2), memory)
+        model.decode(_ids(batch=2), memory, None)
 
 
 def test_transformer_wants_2d_ids(model):

@@ -359,12 +359,12 @@ def test_next_word_logits_passes(capsys):
 
 def _no_mask_in_decode(model, src, tgt):
     memory = model.encode(src, _masked(model, src, tgt))
-    return model.generator(model.decode(tgt, memory)[:, -1])
+    return model.generator(model.decode(tgt, memory, None)[:, -1])
 
 
 def _no_mask_at_all(model, src, tgt):
     memory = model.encode(src, torch.ones_like(_masked(model, src, tgt)))
-    return model.generator(model.decode(tgt, memory)[:, -1])
+    return model.generator(model.decode(tgt, memory, None)[:, -1])
 
 
 @pytest.mark.parametrize(

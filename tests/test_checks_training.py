@@ -283,7 +283,7 @@ def test_greedy_without_the_source_mask_in_decode_is_named():
         memory = model.encode(src, src_mask)
         ys = torch.full((src.size(0), 1), start_id, dtype=torch.long)
         for _ in range(max_len):
-            next_id = model.generator(model.decode(ys, memory)[:, -1]).argmax(-1)  # the bug
+            next_id = model.generator(model.decode(ys, memory, None)[:, -1]).argmax(-1)  # the bug
             ys = torch.cat([ys, next_id[:, None]], dim=1)
         return ys[:, 1:]
 

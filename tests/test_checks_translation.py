@@ -190,7 +190,7 @@ def test_translate_catches_the_missing_decoder_mask(corpus_and_model):
         ys = torch.full((src.size(0), 1), start_id)
         for _ in range(max_len):
             ys = torch.cat(
-                [ys, model.generator(model.decode(ys, memory)[:, -1]).argmax(-1)[:, None]], 1
+                [ys, model.generator(model.decode(ys, memory, None)[:, -1]).argmax(-1)[:, None]], 1
             )
         return ys[:, 1:]
 

@@ -7,6 +7,19 @@
 - Each exercise has its commented ``# show_solution("NN.name")`` line, a difficulty mark (★) in the
   markdown above it, and lessons 01 on have at least three exercises, among them a "Predict" and a
   "Debug" exercise.
+
+Answers stay out of sight until the learner has tried (issue #15):
+
+- Every "Predict, then run" exercise (its heading says "Predict") has a **reveal cell** after its
+  stub: the code cell that runs the experiment, with metadata ``"reveals": "NN.name"``. Between
+  the stub and the reveal cell come only checker cells, so no demonstration sits under the question.
+  Informal predictions in the prose ("which do you expect?") get reveal cells too, with a key of
+  their own.
+- A reveal cell stores no output (``scripts/execute_notebooks.py`` drops it), is tagged
+  ``nbval-ignore-output`` so that nbval runs it without comparing, and asserts the claim.
+- The markdown cell right after a reveal cell opens with a collapsed
+  ``<details><summary>…</summary>`` block holding the explanation, which JupyterLab, Colab and GitHub
+  render closed.
 """
 
 from __future__ import annotations
@@ -100,3 +113,63 @@ def test_show_solution_displays_without_defining(capsys):
     assert capsys.readouterr().out.strip().endswith(solution_source(key).strip())
     with pytest.raises(KeyError, match="no solution named"):
         solution_source("99.nothing")
+
+
+REVEAL_TAG = "nbval-ignore-output"
+
+
+def predict_exercises(nb) -> list[tuple[int, str]]:
+    """``(stub index, key)`` of each exercise whose heading (the markdown above it) says Predict."""
+    found = []
+    for i, cell in exercise_cells(nb):
+        heading = next(c.source for c in reversed(nb.cells[:i]) if c.cell_type == "markdown")
+        if "Predict" in heading:
+            found.append((i, cell.metadata["exercise"]))
+    return found
+
+
+def reveal_cells(nb) -> list[tuple[int, object]]:
+    return [(i, c) for i, c in enumerate(nb.cells) if c.get("metadata", {}).get("reveals")]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_every_predict_exercise_has_a_reveal_cell_after_its_checker(path):
+    nb = nbformat.read(path, as_version=4)
+    reveals = {c.metadata["reveals"]: i for i, c in reveal_cells(nb)}
+    for stub, key in predict_exercises(nb):
+        assert key in reveals, (f"{path.name}: the Predict exercise {key} has no reveal cell "
+                                f"(metadata \"reveals\": \"{key}\")")
+        assert reveals[key] > stub, f"{key}: the reveal cell comes before the stub"
+        for j in range(stub + 1, reveals[key]):
+            cell = nb.cells[j]
+            if cell.cell_type == "code":
+                assert "check_" in cell.source, (
+                    f"{path.name}, cell {j}: between the stub of {key} and its reveal cell only "
+                    "checker cells may run; a demonstration here shows the answer before the learner "
+                    "has tried")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_reveal_cells_store_nothing_assert_and_explain_behind_details(path):
+    nb = nbformat.read(path, as_version=4)
+    keys = [c.metadata["reveals"] for _, c in reveal_cells(nb)]
+    assert len(keys) == len(set(keys)), f"{path.name}: two reveal cells share a key: {keys}"
+    lesson = path.name[:2]
+    for i, cell in reveal_cells(nb):
+        key = cell.metadata["reveals"]
+        where = f"{path.name}, cell {i} (reveals {key})"
+        assert key.startswith(f"{lesson}."), f"{where}: the key must start with {lesson}."
+        assert cell.cell_type == "code", f"{where}: a reveal cell is a code cell"
+        assert not cell.outputs and cell.execution_count is None, (
+            f"{where}: stores an output; run scripts/execute_notebooks.py, which drops it")
+        assert REVEAL_TAG in cell.metadata.get("tags", []), (
+            f"{where}: tag it {REVEAL_TAG}, or nbval compares its output with the empty stored one")
+        assert re.search(r"^\s*assert\b", cell.source, re.M), f"{where}: asserts nothing"
+        after = nb.cells[i + 1] if i + 1 < len(nb.cells) else None
+        assert after is not None and after.cell_type == "markdown", (
+            f"{where}: a markdown cell with the explanation behind <details> must follow")
+        text = after.source.lstrip()
+        assert text.startswith("<details>") and "<summary>" in text and "</details>" in text, (
+            f"{where}: the next markdown cell must open with <details><summary>...</summary> and "
+            "close it, so that the explanation is collapsed")
+        assert "<details open" not in text, f"{where}: the <details> block must start closed"

@@ -214,7 +214,9 @@ def test_transformer_forward_shapes():
     assert model(src, tgt).shape == (3, 4, 17)
     memory = model.encode(src)
     assert memory.shape == (3, 9, 64)
-    assert model.decode(tgt, memory).shape == (3, 4, 64)
+    assert model.decode(tgt, memory, None).shape == (3, 4, 64)
+    with pytest.raises(TypeError, match="src_mask"):
+        model.decode(tgt, memory)  # the source mask is never silently left out
 
 
 def test_transformer_classifier_output_shape_and_first_position():

@@ -4,6 +4,8 @@ A cell whose output depends on the float path (PyTorch's CPU kernels differ betw
 training drifts apart) is tagged ``nbval-ignore-output``: nbval runs it but does not compare its
 output. Such a cell must still check what the lesson teaches, so it must ``assert``; and the README's
 section "Numbers on your machine" lists every tagged cell with its reason, one table row each.
+Reveal cells (metadata ``"reveals"``, see test_exercises.py) are tagged too, but store no output at
+all, so the README does not list them; they must assert like the others.
 """
 
 from __future__ import annotations
@@ -19,10 +21,12 @@ NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 TAG = "nbval-ignore-output"
 
 
-def tagged_cells(path: Path) -> list[tuple[int, str]]:
+def tagged_cells(path: Path, reveals: bool = True) -> list[tuple[int, str]]:
+    """Code cells tagged TAG; ``reveals=False`` leaves out reveal cells (they store no output)."""
     nb = nbformat.read(path, as_version=4)
     return [(i, c.source) for i, c in enumerate(nb.cells)
-            if c.cell_type == "code" and TAG in c.get("metadata", {}).get("tags", [])]
+            if c.cell_type == "code" and TAG in c.get("metadata", {}).get("tags", [])
+            and (reveals or not c.get("metadata", {}).get("reveals"))]
 
 
 def readme_section() -> str:
@@ -44,6 +48,8 @@ def test_every_cell_whose_output_is_not_compared_asserts(path):
 def test_readme_lists_every_cell_whose_output_is_not_compared(path):
     rows = [line for line in readme_section().splitlines()
             if line.startswith("|") and f"`{path.stem}`" in line]
-    assert len(rows) == len(tagged_cells(path)), (
-        f"{path.name} has {len(tagged_cells(path))} cells tagged {TAG}, and the README's 'Numbers on "
+    stored = tagged_cells(path, reveals=False)
+    assert len(rows) == len(stored), (
+        f"{path.name} has {len(stored)} cells tagged {TAG} (not counting reveal cells), and the "
+        f"README's 'Numbers on "
         f"your machine' table has {len(rows)} rows for `{path.stem}`: list each with its reason")

@@ -484,7 +484,7 @@ def check_next_word_logits(fn: Callable) -> None:
         src_mask = padding_mask(src, pad)
         if in_encode:  # an all-True mask: encode's default (None) would be the padding mask
             src_mask = torch.ones_like(src_mask)
-        return model.generator(model.decode(tgt, model.encode(src, src_mask))[:, -1])
+        return model.generator(model.decode(tgt, model.encode(src, src_mask), None)[:, -1])
 
     mistakes = [
         Mistake("the source mask is missing in decode (cross-attention sees the <pad> sources)",

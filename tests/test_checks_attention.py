@@ -21,6 +21,7 @@ def make_attention(
     softmax_dim: int = -1,
     mask_mode: str = "ok",
     fill: str = "safe",
+    swap: bool = False,
 ):
     """An attention function written the way a learner would, with one configurable mistake."""
 
@@ -31,17 +32,28 @@ def make_attention(
             "dk": float(query.size(-1)),
             "sqrt_lk": math.sqrt(key.size(-2)),
             "sqrt_dv": math.sqrt(value.size(-1)),
+            "fixed4": 4.0,  # the lesson's global d_k = 16
+            "fixed8": 8.0,
+            "multiply": 1.0 / math.sqrt(query.size(-1)),
+            "after_softmax": 1.0,
         }[scale]
         scores = torch.matmul(query, key.transpose(-2, -1)) / divisor
         keep = None
         if mask is not None and mask_mode != "ignore":
-            keep = mask if mask_mode == "ok" else ~mask
-            low = float("-inf") if fill == "-inf" else torch.finfo(scores.dtype).min
-            scores = scores.masked_fill(~keep, low)
+            if mask_mode == "unsqueeze":
+                mask = mask.unsqueeze(1)
+            keep = ~mask if mask_mode == "invert" else mask
+            low = {"-inf": float("-inf"), "zero": 0.0, "zero_only": 0.0}.get(
+                fill, torch.finfo(scores.dtype).min)
+            if fill != "after_softmax":
+                scores = scores.masked_fill(~keep, low)
         weights = torch.softmax(scores, dim=softmax_dim)
-        if keep is not None and fill == "safe":
-            weights = weights.masked_fill(~keep, 0.0)
-        return torch.matmul(weights, value), weights
+        if keep is not None and fill in ("safe", "zero", "after_softmax"):
+            weights = weights.masked_fill(keep if mask_mode == "invert_zeroing" else ~keep, 0.0)
+        if scale == "after_softmax":
+            weights = weights / math.sqrt(query.size(-1))
+        output = torch.matmul(weights, value)
+        return (weights, output) if swap else (output, weights)
 
     return attention
 
@@ -51,10 +63,28 @@ def test_correct_attention_passes(capsys):
     assert "all 6 cases match" in capsys.readouterr().out
 
 
-def test_reference_itself_passes():
+def test_reference_itself_is_not_the_learners():
     from course_lib import scaled_dot_product_attention
 
-    assert passes(check_scaled_dot_product_attention, scaled_dot_product_attention)
+    with pytest.raises(AssertionError, match="This is course_lib's own `scaled_dot_product_attention`.*"
+                                             "checks nothing of yours"):
+        check_scaled_dot_product_attention(scaled_dot_product_attention)
+
+
+def test_a_function_that_calls_course_lib_is_told():
+    import course_lib
+    from course_lib import scaled_dot_product_attention as alias
+
+    def my_attention(query, key, value, mask=None):
+        return alias(query, key, value, mask)
+
+    def through_the_module(query, key, value, mask=None):
+        return course_lib.attention.scaled_dot_product_attention(query, key, value, mask=mask)
+
+    for fn in (my_attention, through_the_module):
+        with pytest.raises(AssertionError, match=f"`{fn.__name__}` calls course_lib's own "
+                                                 "`scaled_dot_product_attention`"):
+            check_scaled_dot_product_attention(fn)
 
 
 def test_attention_with_nan_to_num_passes():
@@ -102,6 +132,17 @@ def test_single_tensor_return_is_rejected():
         ({"mask_mode": "invert", "fill": "-inf"}, "mask inverted"),
         ({"fill": "-inf"}, "contains NaN or inf.*finite minimum"),
         ({"fill": "no_zeroing"}, "fully masked row not zeroed"),
+        ({"scale": "fixed4"}, r"divided by a fixed 4 = sqrt\(16\) \(a global d_k or d_model"),
+        ({"scale": "fixed8"}, r"divided by 8, not by sqrt\(d_k\) = sqrt\(16\) = 4"),
+        ({"scale": "multiply"}, r"multiplied by sqrt\(d_k\) instead of divided"),
+        ({"scale": "after_softmax"}, r"weights are divided by sqrt\(d_k\) after the softmax"),
+        ({"softmax_dim": 0}, r"softmax over the batch axis \(dim=0\)"),
+        ({"fill": "after_softmax"}, "mask applied after the softmax"),
+        ({"fill": "zero_only"}, r"hidden scores set to 0 instead of a very negative number \("),
+        ({"fill": "zero"}, "hidden scores set to 0 .*then the hidden weights zeroed"),
+        ({"mask_mode": "invert_zeroing"}, "mask inverted in the zeroing after the softmax"),
+        ({"mask_mode": "unsqueeze"}, r"one axis too many.*gains an axis inside the function"),
+        ({"swap": True}, r"Outputs swapped.*Return \(output, weights\), in that order"),
     ],
 )
 def test_attention_mistakes_are_named(kwargs, words):
@@ -170,6 +211,15 @@ def make_mask_fn(mistake: str = ""):
             return real[:, None, None, :]
         if mistake == "full":
             return real.unsqueeze(1).expand(-1, ids.size(1), -1)
+        if mistake == "lengths":  # assumes right padding
+            return (torch.arange(ids.size(1)) < real.sum(-1, keepdim=True)).unsqueeze(1)
+        if mistake == "or_causal":
+            L = ids.size(1)
+            return real.unsqueeze(1) | torch.ones(L, L, dtype=torch.bool).tril()
+        if mistake == "front":
+            return real.unsqueeze(0)  # (1, B, L)
+        if mistake == "gt0":
+            return (ids > 0).unsqueeze(1)
         return real.unsqueeze(1)
 
     return make_padding_mask
@@ -185,11 +235,23 @@ def test_full_key_padding_mask_passes():
     assert passes(check_attention_mask, make_mask_fn("full"))
 
 
-def test_reference_mask_passes(capsys):
-    from course_lib.masks import padding_mask
+def test_reference_mask_is_not_the_learners():
+    from course_lib import decoder_self_attention_mask, padding_mask
 
-    assert passes(check_attention_mask, padding_mask)
-    assert "check_attention_mask: all 5 cases match" in capsys.readouterr().out
+    with pytest.raises(AssertionError, match="This is course_lib's own `padding_mask`"):
+        check_attention_mask(padding_mask)
+
+    def make_padding_mask(ids, pad_id):
+        return padding_mask(ids, pad_id)
+
+    with pytest.raises(AssertionError, match="`make_padding_mask` calls course_lib's own `padding_mask`"):
+        check_attention_mask(make_padding_mask)
+
+    def from_the_decoder_mask(ids, pad_id):
+        return decoder_self_attention_mask(ids, pad_id)[:, :1]
+
+    with pytest.raises(AssertionError, match="calls course_lib's own `decoder_self_attention_mask`"):
+        check_attention_mask(from_the_decoder_mask)
 
 
 def test_unimplemented_mask_prints_friendly_line(capsys):
@@ -205,13 +267,18 @@ def test_unimplemented_mask_prints_friendly_line(capsys):
     [
         ("wrong_dtype", r"Wrong dtype.*torch.float32, expected torch.bool.*True = may attend"),
         ("inverted", "mask inverted: True on the pads"),
-        ("queries", r"padding on the query axis instead of the keys: \(B, L, 1\).*unsqueeze\(1\)"),
+        ("queries", r"padding on the query axis instead of the keys: the pad rows are hidden.*"
+                    r"unsqueeze\(1\)"),
         ("queries_full", r"padding on the query axis instead of the keys"),
         ("both", "padding on both axes: the pad queries become fully masked rows"),
         ("pad0", r"pad_id=3.*pad_id ignored \(0 is hard-coded\)"),
         ("flat", r"Wrong shape.*is \(B, L\), one flag per token.*unsqueeze\(1\)"),
         ("causal", "causal part included"),
         ("4d", r"Wrong output shape: the mask has shape \(3, 1, 1, 5\), expected \(3, 1, 5\)"),
+        ("lengths", r"left padding.*mask built from the lengths.*assumes the pads are at the end"),
+        ("or_causal", r"padding and causal combined with \| \(or\)"),
+        ("front", r"\(1, 3, 5\) has the new axis in front \(unsqueeze\(0\)\)"),
+        ("gt0", r"pad_id=3.*pad_id ignored \(0 is hard-coded\)"),
     ],
 )
 def test_mask_mistakes_are_named(mistake, words):
@@ -341,6 +408,7 @@ def test_nan_rows_right_answers_pass(answer, capsys):
     (NAN_ROWS + [(0, 11)], r"Sentence\(s\) \[0\] have no padding"),
     ([7, 8, 9, 10, 11], r"Return a list of \(sentence, position\) pairs"),
     ([(2, 0)], "outside the batch"),
+    ([(2, t) for t in range(8, 13)], r"outside the batch.*Python counts from 0"),
     (torch.zeros(2, 12), "bool tensor of shape"),
 ])
 def test_nan_rows_wrong_answers_are_explained(answer, words):
@@ -369,10 +437,14 @@ def make_fixed(bug: str = ""):
         if mask is not None:
             if bug == "unsqueeze" or (bug == "unsqueeze_3d" and mask.dim() == 3):
                 mask = mask.unsqueeze(1)
+            if bug == "unsqueeze0":
+                mask = mask.unsqueeze(0)
+            if bug == "invert":
+                mask = ~mask
             low = float("-inf") if bug == "-inf" else torch.finfo(scores.dtype).min
             scores = scores.masked_fill(~mask, low)
         weights = scores.softmax(dim=-1)
-        if mask is not None and bug != "-inf":
+        if mask is not None and bug not in ("-inf", "no_zeroing"):
             weights = weights.masked_fill(~mask, 0.0)
         return weights @ value, weights
 
@@ -399,12 +471,19 @@ def test_fixed_attention_alternatives_pass():
             weights = torch.where(mask, weights, 0.0)
         return weights @ value, weights
 
-    assert passes(check_fixed_attention, delegating)
     assert passes(check_fixed_attention, with_where)
+    with pytest.raises(AssertionError, match="`delegating` calls course_lib's own.*Fix the function"):
+        check_fixed_attention(delegating)
+    with pytest.raises(AssertionError, match="This is course_lib's own `scaled_dot_product_attention`"):
+        check_fixed_attention(scaled_dot_product_attention)
 
 
 @pytest.mark.parametrize("bug, words", [
-    ("unsqueeze", r"decoder mask \(B, L, L\)\): \(2, 2, 6, 8\), expected \(2, 6, 8\).*still gains an axis"),
+    ("unsqueeze", r"decoder mask \(B, L, L\)\): \(2, 2, 6, 8\), expected \(2, 6, 8\).*gains an axis"
+                  r" inside the function, \(2, 1, 6, 6\)"),
+    ("unsqueeze0", r"\(1, 2, 6, 8\), expected \(2, 6, 8\): one axis too many.*gain an axis inside"),
+    ("no_zeroing", "fully masked row not zeroed"),
+    ("invert", "mask inverted: you hid the allowed keys"),
     ("unsqueeze_3d", r"one axis too many.*without unsqueeze"),
     ("-inf", r"fully masked row.*contains NaN or inf"),
 ])
@@ -455,6 +534,19 @@ def test_lesson_00_quotes_the_real_message():
     assert quote == f"AssertionError: {error.value}"
 
 
+def test_lesson_00_quotes_the_real_pass_line(capsys):
+    """Lesson 00 quotes the one line a correct attention function prints; it must stay true."""
+    from pathlib import Path
+
+    import nbformat
+
+    path = Path(__file__).resolve().parent.parent / "notebooks" / "00_introduction.ipynb"
+    text = next(c.source for c in nbformat.read(path, as_version=4).cells if "AssertionError: Likely" in c.source)
+    assert passes(check_scaled_dot_product_attention, make_attention())
+    line = capsys.readouterr().out.strip()
+    assert f"`{line}`" in " ".join(text.split())
+
+
 def test_attention_that_needs_a_batch_axis_is_named():
     """The exercise asks for any number of leading axes, (L, d) included."""
 
@@ -465,3 +557,20 @@ def test_attention_that_needs_a_batch_axis_is_named():
 
     with pytest.raises(AssertionError, match=r"raised ValueError \(2-D inputs \(L, d\)"):
         check_scaled_dot_product_attention(attention)
+
+
+def test_lesson_00_quotes_the_real_own_function_message():
+    """Lesson 00 quotes what the checker says to course_lib's own function; the quote must stay true."""
+    from pathlib import Path
+
+    import nbformat
+
+    from course_lib import scaled_dot_product_attention
+
+    path = Path(__file__).resolve().parent.parent / "notebooks" / "00_introduction.ipynb"
+    text = next(c.source for c in nbformat.read(path, as_version=4).cells
+                if "AssertionError: This is course_lib's own" in c.source)
+    quote = " ".join(line[2:] for line in text.splitlines() if line.startswith("> "))
+    with pytest.raises(AssertionError) as error:
+        check_scaled_dot_product_attention(scaled_dot_product_attention)
+    assert quote == f"AssertionError: {error.value}"

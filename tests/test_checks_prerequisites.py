@@ -32,8 +32,13 @@ def test_broadcast_error_is_a_right_answer_when_it_fails(answer, capsys):
 @pytest.mark.parametrize("answer, words", [
     ("error", r"It does broadcast, to \(2, 3, 4\).*\(2, 1, 4\) and \(_, 3, 1\)"),
     ((2, 3), r"as many axes as the longer shape, 3"),
-    ((3, 1, 4), r"Not \(3, 1, 4\), but \(2, 3, 4\)"),
+    ((3, 1, 4), r"Not \(3, 1, 4\), but \(2, 3, 4\): axis 0: 2 with 1 gives 2, not 3; axis 1: 1 with 3"),
+    ((2, 3, 1), r"axis 2: 4 with 1 gives 4, not 1"),
+    ((2, 1, 4), r"that is the shape of a unchanged.*every size-1 axis is stretched"),
+    ((3, 1), r"that is the shape of b unchanged"),
+    ((2, 1, 4, 3, 1), r"does not put the shapes side by side"),
     ([2, "x"], "Return a shape as a tuple"),
+    ("x", "Return a shape as a tuple"),
 ])
 def test_broadcast_wrong_answers_are_explained(answer, words):
     with pytest.raises(AssertionError, match=words):
@@ -66,6 +71,12 @@ def test_gradient_right_answers_pass(answer, capsys):
     (12.0, r"x.grad has 3 numbers, one per element; you returned 1\. x.grad holds"),
     ([1, 4, 9], r"are the values x_i \*\* 2, not their slopes"),
     ([2, 4, 5], r"Not \[2.0, 4.0, 5.0\].*here \[2.0, 4.0, 6.0\]"),
+    ([1, 2, 3], r"is x itself"),
+    ([1, 1, 1], r"All ones is the gradient of a plain sum"),
+    ([2, 2, 2], r"2 for every element drops the x"),
+    ([4, 8, 12], r"twice the gradient: what .grad holds after TWO backward passes"),
+    ([0, 0, 0], r"All zeros would mean y does not change"),
+    (None, r"None is what x.grad holds BEFORE any backward"),
     ("six", "Return one number per element of x"),
 ])
 def test_gradient_wrong_answers_are_explained(answer, words):
@@ -98,6 +109,10 @@ def test_parameter_count_right_answers_pass(answer, capsys):
 @pytest.mark.parametrize("answer, words", [
     (48, "You counted the weights only"),
     (58, "bias=False has no bias"),
+    (40, "You counted one layer only"),
+    (16, "You counted one layer only"),
+    (14, r"counted the layers' sizes \(units\)"),
+    (64, "A bias has one entry per OUTPUT feature"),
     (50, r"Not 50, but 56\..*hidden.weight \(8, 4\) = 32, hidden.bias \(8,\) = 8, out.weight \(2, 8\) = 16"),
     (56.5, "Return one whole number"),
     ("56", "Return one whole number"),

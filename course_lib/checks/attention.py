@@ -11,18 +11,22 @@
   position)`` pairs whose output rows are NaN when ``-inf`` hides padding on both axes.
 * ``check_fixed_attention(fn)`` (debug): attention that no longer adds an axis to the mask inside
   the function, so masks of every rank that broadcast to ``(..., L_q, L_k)`` work.
+
+The Build and Debug checkers watch the calls while the learner's code runs: handing in course_lib's
+own function, or a function that calls it, is reported as such instead of passing.
 """
 
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from ..attention import scaled_dot_product_attention
-from ..masks import causal_mask, padding_mask
+from ..masks import causal_mask, decoder_self_attention_mask, padding_mask
 from ._common import (
     CheckFailure, Mistake, broadcasts_to, checker, compare, expect_bool_mask, expect_finite, expect_shape, passed,
     run_learner,
@@ -48,26 +52,40 @@ def _variant(
     use_mask: bool = True,
     invert_mask: bool = False,
     fill: str = "safe",
+    multiply: bool = False,
+    scale_after_softmax: bool = False,
+    invert_zeroing: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention with one thing changed, to reproduce a learner's likely mistake.
 
     ``scale``: what the scores are divided by (default sqrt(d_k)); ``fill``: "safe" (course_lib:
     finite minimum, then zero the hidden weights), "-inf" (NaN on fully masked rows) or
-    "no_zeroing" (finite minimum only: a fully masked row becomes uniform).
+    "no_zeroing" (finite minimum only: a fully masked row becomes uniform), "zero" (hidden scores
+    set to 0, then the weights zeroed), "zero_only" (hidden scores set to 0, nothing else) or
+    "after_softmax" (the scores are not masked; the weights are zeroed after the softmax).
+    ``multiply``: the scores are multiplied by ``scale`` instead of divided; ``scale_after_softmax``:
+    the weights, not the scores, are divided; ``invert_zeroing``: the hidden scores are filled
+    correctly but the zeroing after the softmax uses the mask the wrong way round.
     """
     scale = math.sqrt(q.size(-1)) if scale is None else scale
-    scores = q @ k.transpose(-2, -1) / scale
+    scores = q @ k.transpose(-2, -1)
+    if not scale_after_softmax:
+        scores = scores * scale if multiply else scores / scale
     if mask is not None and use_mask:
         keep = ~mask if invert_mask else mask
         if fill == "-inf":
             scores = scores.masked_fill(~keep, float("-inf"))
-        else:
+        elif fill in ("zero", "zero_only"):
+            scores = scores.masked_fill(~keep, 0.0)
+        elif fill != "after_softmax":
             scores = scores.masked_fill(~keep, torch.finfo(scores.dtype).min)
         weights = scores.softmax(dim=softmax_dim)
-        if fill == "safe":
-            weights = weights.masked_fill(~keep, 0.0)
+        if fill in ("safe", "zero", "after_softmax"):
+            weights = weights.masked_fill(keep if invert_zeroing else ~keep, 0.0)
     else:
         weights = scores.softmax(dim=softmax_dim)
+    if scale_after_softmax:
+        weights = weights / scale
     return weights @ v, weights
 
 
@@ -95,6 +113,28 @@ def _sdpa_mistakes() -> list[Mistake]:
                   f"You used the sequence axis (-2) instead of the feature axis (-1). {fix_scale}"),
         scaled_by("sqrt(d_v), the value size,", lambda q, k, v: math.sqrt(v.size(-1)),
                   f"d_v only sets the output width; the dot products are over d_k. {fix_scale}"),
+        scaled_by("a fixed 4 = sqrt(16) (a global d_k or d_model of the lesson?)",
+                  lambda q, k, v: 4.0,
+                  "d_k must come from the inputs, d_k = query.size(-1), not from a variable of the "
+                  "notebook (d_model = d_k = 16 there): the checker calls your function with other "
+                  "sizes, and so do lessons 02 and 04."),
+        Mistake(
+            "scores multiplied by sqrt(d_k) instead of divided",
+            "The paper's scale is 1/sqrt(d_k): scores = query @ key.transpose(-2, -1) / math.sqrt(d_k).",
+            lambda q, k, v, m: _variant(q, k, v, m, multiply=True),
+        ),
+        Mistake(
+            "the weights are divided by sqrt(d_k) after the softmax, instead of the scores before it",
+            "Scale the scores, then take the softmax: softmax(Q K^T / sqrt(d_k)). Dividing the weights "
+            "afterwards leaves the softmax saturated and makes each row sum to 1/sqrt(d_k), not 1.",
+            lambda q, k, v, m: _variant(q, k, v, m, scale_after_softmax=True),
+        ),
+        Mistake(
+            "softmax over the batch axis (dim=0)",
+            "Each query's weights over the keys must sum to 1: use softmax(dim=-1), the key axis. dim=0 "
+            "mixes different sequences of the batch.",
+            lambda q, k, v, m: _variant(q, k, v, m, softmax_dim=0),
+        ),
         Mistake(
             "softmax over the wrong axis (the query axis, dim=-2)",
             "Each query's weights over the keys must sum to 1: use softmax(dim=-1), the key axis. A fixed "
@@ -125,11 +165,89 @@ def _sdpa_mistakes() -> list[Mistake]:
             "softmax, set the hidden weights to 0: weights.masked_fill(~mask, 0.0).",
             lambda q, k, v, m: _variant(q, k, v, m, fill="no_zeroing"),
         ),
+        Mistake(
+            "mask applied after the softmax: the hidden weights are zeroed, but the softmax still "
+            "shared the weight among all keys",
+            "Hide the scores BEFORE the softmax, scores.masked_fill(~mask, torch.finfo(scores.dtype).min), "
+            "so the visible keys share all the weight and each row sums to 1; zeroing afterwards alone "
+            "leaves rows that sum to less than 1.",
+            lambda q, k, v, m: _variant(q, k, v, m, fill="after_softmax"),
+        ),
+        Mistake(
+            "hidden scores set to 0 instead of a very negative number (masked_fill(~mask, 0) or "
+            "scores * mask)",
+            "A score of 0 is an ordinary score: e^0 = 1, so the hidden keys still get weight. Fill with "
+            "torch.finfo(scores.dtype).min, whose exponential is 0.",
+            lambda q, k, v, m: _variant(q, k, v, m, fill="zero_only"),
+        ),
+        Mistake(
+            "hidden scores set to 0 instead of a very negative number, then the hidden weights zeroed: "
+            "the rows no longer sum to 1",
+            "A score of 0 still takes its share e^0 in the softmax's denominator. Fill the scores with "
+            "torch.finfo(scores.dtype).min before the softmax, then zero the hidden weights.",
+            lambda q, k, v, m: _variant(q, k, v, m, fill="zero"),
+        ),
+        Mistake(
+            "mask inverted in the zeroing after the softmax: the visible keys' weights are set to 0",
+            "The scores are hidden right, but weights.masked_fill(mask, 0.0) zeroes the keys that MAY be "
+            "attended to. Zero where the mask is False: weights.masked_fill(~mask, 0.0).",
+            lambda q, k, v, m: _variant(q, k, v, m, invert_zeroing=True),
+        ),
     ]
 
 
+def _fitted_scale(q: torch.Tensor, k: torch.Tensor, weights: Any) -> float | None:
+    """The constant c such that ``weights == softmax(q @ k^T / c)``, if there is one (no mask)."""
+    if not isinstance(weights, torch.Tensor) or weights.shape != (q @ k.transpose(-2, -1)).shape:
+        return None
+    w = weights.detach().double()
+    if not bool((w > 1e-12).all()):
+        return None
+    scores = (q @ k.transpose(-2, -1)).double()
+    ds = scores - scores.mean(-1, keepdim=True)
+    dl = w.log() - w.log().mean(-1, keepdim=True)  # = ds / c if the weights are a scaled softmax
+    c = float((ds * ds).sum() / (ds * dl).sum())
+    if not math.isfinite(c) or c <= 0:
+        return None
+    out_w = (scores / c).softmax(-1)
+    return c if torch.allclose(out_w, w, atol=1e-5, rtol=1e-4) else None
+
+
+def _run_watching(fn: Callable[..., Any], references: tuple[Callable[..., Any], ...], *args: Any,
+                  **kwargs: Any) -> tuple[Any, Callable[..., Any] | None]:
+    """``run_learner(fn, *args, **kwargs)``, and which of course_lib's ``references`` ran meanwhile.
+
+    A profile hook watches the calls, so every route is seen: the function itself, a wrapper, an
+    alias, ``course_lib.attention.scaled_dot_product_attention`` or a module that calls it.
+    """
+    codes = {ref.__code__: ref for ref in references}
+    seen: list[Callable[..., Any]] = []
+
+    def watch(frame: Any, event: str, arg: Any) -> None:
+        if event == "call" and frame.f_code in codes:
+            seen.append(codes[frame.f_code])
+
+    previous = sys.getprofile()
+    sys.setprofile(watch)
+    try:
+        result = run_learner(fn, *args, **kwargs)
+    finally:
+        sys.setprofile(previous)
+    return result, (seen[0] if seen else None)
+
+
+def _own_function(fn: Callable[..., Any], used: Callable[..., Any], task: str) -> CheckFailure:
+    """The message for a learner who hands in (or only calls) course_lib's reference ``used``."""
+    name = getattr(fn, "__name__", "your function")
+    what = (f"This is course_lib's own `{used.__name__}`" if fn is used
+            else f"`{name}` calls course_lib's own `{used.__name__}`")
+    return CheckFailure(f"{what}, the reference your code is compared with, so this checks nothing of "
+                        f"yours. {task}")
+
+
 _NAN_FIX = (
-    "A query whose keys are ALL masked gets softmax([-inf, ..., -inf]) = 0/0 = NaN, and the NaN then "
+    "A query whose keys are ALL masked gets 0/0 = NaN (the softmax of a row of -inf, or a row of zero "
+    "weights divided by its sum), and the NaN then "
     "spreads to the loss and every gradient. Fill with a finite minimum, "
     "scores.masked_fill(~mask, torch.finfo(scores.dtype).min), and after the softmax zero the hidden "
     "weights: weights.masked_fill(~mask, 0.0). Such a row then gets zero weights and a zero output."
@@ -183,8 +301,11 @@ def check_scaled_dot_product_attention(fn: Callable[..., Any]) -> None:
     cases = _sdpa_cases()
     mistakes = _sdpa_mistakes()
     for case, (q, k, v), mask in cases:
-        got = run_learner(fn, q.clone(), k.clone(), v.clone(), mask=None if mask is None else mask.clone(),
-                          case=case, hint=_RAISED_FIX)
+        got, used = _run_watching(fn, (scaled_dot_product_attention,), q.clone(), k.clone(), v.clone(),
+                                  mask=None if mask is None else mask.clone(), case=case, hint=_RAISED_FIX)
+        if used is not None:
+            raise _own_function(fn, used, "Write the attention yourself from torch operations "
+                                "(lesson 01, sections 2 to 7): scores, scale, mask, softmax, weighted sum.")
         if isinstance(got, torch.Tensor) or not isinstance(got, (tuple, list)) or len(got) != 2:
             what = f"a tensor of shape {tuple(got.shape)}" if isinstance(got, torch.Tensor) else type(got).__name__
             raise CheckFailure(
@@ -193,6 +314,16 @@ def check_scaled_dot_product_attention(fn: Callable[..., Any]) -> None:
             )
         out, weights = got
         exp_out, exp_weights = scaled_dot_product_attention(q, k, v, mask)
+        if (isinstance(out, torch.Tensor) and isinstance(weights, torch.Tensor)
+                and out.shape == exp_weights.shape and weights.shape == exp_out.shape
+                and exp_out.shape != exp_weights.shape):
+            raise CheckFailure(f"Outputs swapped ({case}): the first tensor has the shape of the weights "
+                               f"{tuple(exp_weights.shape)} and the second that of the output "
+                               f"{tuple(exp_out.shape)}. Return (output, weights), in that order.")
+        for t, exp in ((out, exp_out), (weights, exp_weights)):
+            if mask is not None and isinstance(t, torch.Tensor) and t.dim() > exp.dim():
+                raise CheckFailure(_extra_axis_message(case, t, exp.shape, tuple(exp_weights.shape),
+                                                       mask))
         shape_fix = (
             "output = weights @ value is (..., L_q, d_v) and weights (..., L_q, L_k): did you forget to "
             "transpose key (query @ key.transpose(-2, -1)), swap the order of a product, or transpose the result?"
@@ -202,7 +333,17 @@ def check_scaled_dot_product_attention(fn: Callable[..., Any]) -> None:
         if mask is not None and not bool(mask.any(-1).all()):
             expect_finite(out, f"The output ({case})", _NAN_FIX)
             expect_finite(weights, f"The weights ({case})", _NAN_FIX)
-        compare((out, weights), (exp_out, exp_weights), (q, k, v, mask), mistakes, case)
+        try:
+            compare((out, weights), (exp_out, exp_weights), (q, k, v, mask), mistakes, case)
+        except CheckFailure as failure:
+            c = _fitted_scale(q, k, weights) if mask is None else None
+            if c is None or "None of the usual mistakes" not in str(failure):
+                raise
+            raise CheckFailure(
+                f"Likely mistake ({case}): the scores are divided by {c:.4g}, not by sqrt(d_k) = "
+                f"sqrt({q.size(-1)}) = {math.sqrt(q.size(-1)):.4g} (the weights are exactly "
+                f"softmax(q.k / {c:.4g})). Take d_k from the inputs, d_k = query.size(-1), and divide "
+                "by math.sqrt(d_k).") from None
     passed("check_scaled_dot_product_attention", len(cases))
 
 
@@ -228,7 +369,8 @@ def _mask_mistakes() -> list[Mistake]:
             variant(lambda ids, pad: ~padding_mask(ids, pad)),
         ),
         Mistake(
-            "padding on the query axis instead of the keys: (B, L, 1)",
+            "padding on the query axis instead of the keys: the pad rows are hidden, not the pad "
+            "columns",
             "Padding hides KEYS, the last axis of the scores (B, L_q, L_k): (ids != pad_id).unsqueeze(1) is "
             "(B, 1, L) and hides the pad columns for every query; unsqueeze(2) or unsqueeze(-1) gives "
             "(B, L, 1), which hides the pad query rows and lets every real query attend to the pads.",
@@ -246,6 +388,21 @@ def _mask_mistakes() -> list[Mistake]:
             "Compare with the pad_id argument, ids != pad_id: tokenizers use other pad ids than 0 (MiniLM's "
             "[PAD] happens to be 0, but 0 can be a real token elsewhere).",
             variant(lambda ids, pad: padding_mask(ids, 0)),
+        ),
+        Mistake(
+            "mask built from the lengths (arange(L) < number of real tokens): it assumes the pads are at "
+            "the end",
+            "Tokenizers also pad on the left, and a pad id can sit anywhere: compare every id with the "
+            "pad id instead, ids != pad_id, then .unsqueeze(1).",
+            variant(lambda ids, pad: (torch.arange(ids.size(1)) < (ids != pad).sum(-1, keepdim=True))
+                    .unsqueeze(1)),
+        ),
+        Mistake(
+            "padding and causal combined with | (or): a key is then hidden only if it is both a pad and "
+            "in the future",
+            "This exercise is the padding mask alone: return (ids != pad_id).unsqueeze(1). (When you "
+            "combine masks later, a key may be attended only if BOTH allow it: &, not |.)",
+            variant(lambda ids, pad: padding_mask(ids, pad) | causal_mask(ids.size(1))),
         ),
         Mistake(
             "causal part included: this exercise is the padding mask alone",
@@ -285,7 +442,11 @@ def check_attention_mask(fn: Callable[..., Any]) -> None:
     g = torch.Generator().manual_seed(0)
     for case, ids, pad in cases:
         B, L = ids.shape
-        got = run_learner(fn, ids.clone(), pad, case=case, hint=_MASK_RAISED_FIX)
+        got, used = _run_watching(fn, (padding_mask, decoder_self_attention_mask), ids.clone(), pad,
+                                  case=case, hint=_MASK_RAISED_FIX)
+        if used is not None:
+            raise _own_function(fn, used, "Build the mask with plain torch: a comparison of the ids "
+                                "with the pad id, and one axis added.")
         expect_bool_mask(got, case, "Build it from a comparison, ids != pad_id, which is already bool "
                                     "(or convert 0/1 with .bool()).")
         if got.dim() == 2 and tuple(got.shape) == (B, L):
@@ -295,6 +456,11 @@ def check_attention_mask(fn: Callable[..., Any]) -> None:
                 "sentence silently gets another sentence's mask). Add a query axis of size 1 with "
                 f".unsqueeze(1): (B, 1, L) = {(B, 1, L)}."
             )
+        if tuple(got.shape) == (1, B, L) and B > 1:
+            raise CheckFailure(
+                f"Wrong shape ({case}): {tuple(got.shape)} has the new axis in front (unsqueeze(0)), so the "
+                "batch axis now lines up with the queries L_q. Add the axis in the middle, .unsqueeze(1): "
+                f"(B, 1, L) = {(B, 1, L)}.")
         if not broadcasts_to(got, (B, L, L)):
             expect_shape(got, (B, 1, L), "the mask",
                          "Return (ids != pad_id).unsqueeze(1): one row per sequence, broadcast over every query "
@@ -405,8 +571,10 @@ def _as_pairs(answer: Any, shape: tuple[int, int]) -> set[tuple[int, int]]:
                            "position in it.") from None
     outside = sorted(p for p in pairs if not (0 <= p[0] < shape[0] and 0 <= p[1] < shape[1]))
     if outside:
+        from_one = ("" if any(b == 0 or t == 0 for b, t in pairs) else
+                    " Python counts from 0: the first sentence is 0 and its first token is position 0.")
         raise CheckFailure(f"{outside} lie outside the batch: sentences 0..{shape[0] - 1}, positions "
-                           f"0..{shape[1] - 1}.")
+                           f"0..{shape[1] - 1}.{from_one}")
     return pairs
 
 
@@ -497,10 +665,13 @@ def _extra_axis_message(case: str, got: torch.Tensor, expected: torch.Size,
             wide = tuple(torch.broadcast_shapes(grown, scores_shape))
         except RuntimeError:
             wide = None
-        if wide is not None:
-            message += (f"The mask {tuple(mask.shape)} still gains an axis inside the function, "
+        if wide is not None and tuple(got.shape[:-1]) == wide[:-1]:
+            message += (f"The mask {tuple(mask.shape)} gains an axis inside the function, "
                         f"{grown}, and broadcasting it against the scores {scores_shape} gives "
                         f"{wide}: every sentence is paired with every other sentence's mask. ")
+        else:
+            message += (f"The mask {tuple(mask.shape)} or the scores {scores_shape} gain an axis "
+                        "inside the function (an unsqueeze?), and broadcasting spreads it. ")
     return message + ("The caller's mask already broadcasts to the scores (..., L_q, L_k): use it "
                       "as it comes, without unsqueeze.")
 
@@ -513,8 +684,12 @@ def check_fixed_attention(fn: Callable[..., Any]) -> None:
     cases = _fixed_cases()
     mistakes = _sdpa_mistakes()
     for case, (q, k, v), mask in cases:
-        got = run_learner(fn, q.clone(), k.clone(), v.clone(),
-                          mask=None if mask is None else mask.clone(), case=case, hint=_FIXED_RAISED_FIX)
+        got, used = _run_watching(fn, (scaled_dot_product_attention,), q.clone(), k.clone(), v.clone(),
+                                  mask=None if mask is None else mask.clone(), case=case,
+                                  hint=_FIXED_RAISED_FIX)
+        if used is not None:
+            raise _own_function(fn, used, "Fix the function you were given: find the line with the bug "
+                                "and change it.")
         if isinstance(got, torch.Tensor) or not isinstance(got, (tuple, list)) or len(got) != 2:
             raise CheckFailure("Return (output, weights), a tuple of two tensors, as the original "
                                "function did.")

@@ -17,6 +17,11 @@ Two passes, both offline (the pages get no network):
 Fails on: an error output, a JavaScript error, an image that does not load, a bertviz view that
 draws no SVG with token labels, and (JupyterLab) math left as raw TeX. Screenshots of each lesson
 (its top and every bertviz view) go to build/screenshots/ (git-ignored).
+
+Predict exercises (JupyterLab pass): for every reveal cell (metadata "reveals", see
+tests/test_exercises.py) the lesson is scrolled to the question, as a learner reaches it, and
+screenshotted to build/screenshots/predict/<lesson>-<key>.png. Fails if the reveal cell shows an output
+before it is run, or if its explanation is not in a closed <details> block.
 """
 
 from __future__ import annotations
@@ -150,6 +155,60 @@ def screenshots(page: Page, stem: str, folder: Path, scroll_top_js: str) -> list
     return shots
 
 
+# What the learner sees at a Predict exercise: the reveal cell's outputs and the <details> after it.
+PREDICT_JS = r"""
+(() => {
+  const cells = document.querySelectorAll(SCOPE + ' .jp-Cell');
+  const reveal = cells[REVEAL], explain = cells[REVEAL + 1];
+  const details = explain ? explain.querySelector('details') : null;
+  return {
+    outputs: reveal ? reveal.querySelectorAll('.jp-OutputArea-output').length : -1,
+    details: !!details,
+    open: !!(details && details.open),
+  };
+})()
+"""
+
+
+def predictions(path: Path) -> list[tuple[str, int, int]]:
+    """``(key, first cell to show, reveal cell)`` for each reveal cell of the notebook: the question
+    starts at the markdown above the exercise's stub (or above the reveal cell, for a prediction
+    asked in the prose)."""
+    nb = nbformat.read(path, as_version=4)
+    stubs = {c.metadata["exercise"]: i for i, c in enumerate(nb.cells)
+             if c.get("metadata", {}).get("exercise")}
+    found = []
+    for index, cell in enumerate(nb.cells):
+        key = cell.get("metadata", {}).get("reveals")
+        if key:
+            start = stubs.get(key, index)
+            top = next((j for j in range(start - 1, -1, -1) if nb.cells[j].cell_type == "markdown"),
+                       start)
+            found.append((key, top, index))
+    return found
+
+
+def check_predictions(page: Page, path: Path, scope: str) -> list[str]:
+    """Scroll to each Predict exercise, check that its answer is hidden, and screenshot it."""
+    folder = SHOTS / "predict"
+    folder.mkdir(parents=True, exist_ok=True)
+    found = []
+    for key, top, reveal in predictions(path):
+        for _ in range(3):  # JupyterLab sizes cells lazily: the target moves while we scroll
+            page.evaluate(f"document.querySelectorAll('{scope} .jp-Cell')[{top}]"
+                          ".scrollIntoView({block: 'start'})")
+            time.sleep(0.3)
+        state = page.evaluate(PREDICT_JS.replace("SCOPE", json.dumps(scope))
+                              .replace("REVEAL", str(reveal)))
+        if state["outputs"] != 0:
+            found.append(f"{key}: the reveal cell (cell {reveal}) shows {state['outputs']} "
+                         "outputs before the learner runs it")
+        if not state["details"] or state["open"]:
+            found.append(f"{key}: the explanation after cell {reveal} is not a closed <details>")
+        page.screenshot(folder / f"{path.stem}-{key}.png")
+    return found
+
+
 # ----------------------------------------------------------------------------------------------
 # Pass 1: JupyterLab
 
@@ -261,6 +320,7 @@ def check_in_lab(paths: list[Path], browser: Browser) -> dict[str, list[str]]:
                 if not rendered:
                     found.append("the notebook did not finish rendering within 120 s")
                 screenshots(page, path.stem, SHOTS, LAB_SCROLL_TOP)
+                found += check_predictions(page, path, scope)
                 results[path.name] = found
             finally:
                 page.close()

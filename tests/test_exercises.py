@@ -17,6 +17,9 @@ Answers stay out of sight until the learner has tried (issue #15):
   their own.
 - A reveal cell stores no output (``scripts/execute_notebooks.py`` drops it), is tagged
   ``nbval-ignore-output`` so that nbval runs it without comparing, and asserts the claim.
+- Its code compares what it measures with ``predicted_answer("NN.name")`` (the solution's value) or
+  with a value computed another way, never with the answer written out: the learner reads the code
+  before running it. The answer's literal may not appear from the question down to the reveal cell.
 - The markdown cell right after a reveal cell opens with a collapsed
   ``<details><summary>…</summary>`` block holding the explanation, which JupyterLab, Colab and GitHub
   render closed.
@@ -173,3 +176,61 @@ def test_reveal_cells_store_nothing_assert_and_explain_behind_details(path):
             f"{where}: the next markdown cell must open with <details><summary>...</summary> and "
             "close it, so that the explanation is collapsed")
         assert "<details open" not in text, f"{where}: the <details> block must start closed"
+
+
+def answer_needles(value) -> list[str]:
+    """How the answer of a Predict exercise would be spelled out in a cell: the numbers of a tuple
+    or list joined by ", ", an int of 10 or more (plain, with , or _ separators), a float as
+    Python prints it, a string in quotes. Booleans and small ints alone are too common to search."""
+    if isinstance(value, bool):
+        return []
+    if isinstance(value, int):
+        return [str(value), f"{value:,}", f"{value:_}"] if abs(value) >= 10 else []
+    if isinstance(value, float):
+        return [repr(value)] if value not in (0.0, 1.0) else []
+    if isinstance(value, str):
+        return [f'"{value}"', f"'{value}'"]
+    if isinstance(value, dict):
+        return [n for v in value.values() for n in answer_needles(v)]
+    if isinstance(value, (tuple, list)):
+        flat = [v for v in value if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        joined = [", ".join(map(str, value))] if len(flat) == len(value) >= 2 else []
+        return joined + [n for v in value if not isinstance(v, (int, float))
+                         for n in answer_needles(v)] + (
+            answer_needles(value[0]) if len(value) == 1 else [])
+    return []
+
+
+def cell_text(cell) -> str:
+    text = cell.source
+    for output in cell.get("outputs", []):
+        text += output.get("text", "") + output.get("data", {}).get("text/plain", "")
+    return text
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_predict_answers_are_not_spelled_out_before_the_learner_runs_the_reveal(path):
+    """The solution's answer may not stand in the question, the cells up to the reveal cell (their
+    source and stored output), nor in the reveal cell's own code, which the learner reads before
+    running it: assert against a value computed another way, not against the literal answer."""
+    nb = nbformat.read(path, as_version=4)
+    reveals = {c.metadata["reveals"]: i for i, c in reveal_cells(nb)}
+    for stub, key in predict_exercises(nb):
+        namespace: dict = {}
+        exec(solution_source(key), namespace)  # defines the stub's function(s)
+        (name,) = defined_names(nb.cells[stub].source)
+        answer = namespace[name]()
+        heading = max(j for j in range(stub) if nb.cells[j].cell_type == "markdown")
+        for j in range(heading, reveals.get(key, stub) + 1):
+            if j == stub:
+                continue
+            text = cell_text(nb.cells[j])
+            # A word answer ("it") is searched in quotes in the reveal cell only: the question and
+            # the checker call may name the same token.
+            needles = answer_needles(answer)
+            if isinstance(answer, str) and j != reveals.get(key):
+                needles = []
+            for needle in needles:
+                assert needle not in text, (
+                    f"{path.name}, cell {j}: shows {needle}, the answer of {key}, before the learner "
+                    "has run the reveal cell")

@@ -4,8 +4,10 @@ A checker runs your code and course_lib's reference on several seeded inputs. It
 when everything matches; otherwise it raises ``AssertionError`` naming the likely mistake and how
 to fix it. An exercise you have not started (it raises ``NotImplementedError``) just prints a reminder.
 
-One module per lesson: attention (01), multi_head (02), embeddings (03), encoder (04),
-decoder (05), training (06).
+One module per lesson: prerequisites (00), attention (01), multi_head (02), embeddings (03),
+encoder (04), decoder (05), training (06), inference (07), translation (08). ``show_solution`` and
+``predicted_answer`` (for the reveal cell after a "Predict, then run" exercise) come from
+``course_lib.solutions``.
 """
 
 from ._common import CheckFailure, has_passed, yours_or_reference
@@ -18,4 +20,4 @@ from .multi_head import *  # noqa: F403
 from .prerequisites import *  # noqa: F403
 from .training import *  # noqa: F403
 from .translation import *  # noqa: F403
-from ..solutions import show_solution
+from ..solutions import predicted_answer, show_solution

@@ -13,10 +13,12 @@ every checker to pass.
 
 from __future__ import annotations
 
+import inspect
 import re
 from pathlib import Path
+from typing import Any
 
-__all__ = ["show_solution", "solution_source", "solution_keys"]
+__all__ = ["show_solution", "solution_source", "solution_keys", "predicted_answer"]
 
 _HERE = Path(__file__).parent
 _MARKER = re.compile(r"^# %% solution (\d\d\.[\w.-]+)[ \t]*$", re.M)
@@ -56,6 +58,24 @@ def solution_source(key: str) -> str:
         known = ", ".join(sorted(blocks)) or "none"
         raise KeyError(f"no solution named {key!r}; known solutions: {known}")
     return blocks[key]
+
+
+def predicted_answer(key: str) -> Any:
+    """The answer of a "Predict, then run" exercise: its solution's function, called.
+
+    A reveal cell (the experiment after a prediction) asserts that what it measures equals this,
+    so the code a learner reads before running it compares against the answer without showing it.
+    Nothing is defined in the caller's namespace.
+    """
+    namespace: dict[str, Any] = {}
+    exec(solution_source(key), namespace)  # a private namespace: the learner's names are untouched
+    functions = [v for k, v in namespace.items()
+                 if inspect.isfunction(v) and v.__module__ is None]  # defined by the block itself
+    if len(functions) != 1 or any(p.default is p.empty
+                                  for p in inspect.signature(functions[0]).parameters.values()):
+        raise ValueError(f"solution {key!r} is not a Predict exercise (one function without "
+                         f"arguments); it defines {len(functions)} functions")
+    return functions[0]()
 
 
 def show_solution(key: str) -> None:

@@ -455,3 +455,112 @@ def test_embedding_layer_not_implemented(capsys):
     # no parameters yet: the friendly line must come before any complaint about names
     assert check_embedding_layer(BertStyleEmbedding) is None
     assert "`BertStyleEmbedding` is not implemented yet" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------- issue 15: more mistakes
+def pe_integer_exponent(max_len, d_model):
+    position = torch.arange(max_len).unsqueeze(1).float()
+    two_i = torch.arange(0, d_model, 2)
+    angles = position / 10000 ** (two_i // d_model)              # WRONG: // is 0 for every column
+    pe = torch.zeros(max_len, d_model)
+    pe[:, 0::2] = torch.sin(angles)
+    pe[:, 1::2] = torch.cos(angles[:, : d_model // 2])
+    return pe
+
+
+def pe_integer_angle(max_len, d_model):
+    pe = torch.zeros(max_len, d_model)
+    for pos in range(max_len):
+        for i in range(0, d_model, 2):
+            angle = pos // 10000 ** (i / d_model)                # WRONG: floor of the angle
+            pe[pos, i] = math.sin(angle)
+            if i + 1 < d_model:
+                pe[pos, i + 1] = math.cos(angle)
+    return pe
+
+
+def pe_halves(max_len, d_model):
+    position = torch.arange(max_len).unsqueeze(1).float()
+    angles = position / 10000 ** (torch.arange(0, d_model, 2).float() / d_model)
+    return torch.cat([torch.sin(angles), torch.cos(angles[:, : d_model // 2])], dim=-1)  # WRONG
+
+
+@pytest.mark.parametrize(
+    "fn, words",
+    [
+        (pe_integer_exponent, r"integer division `//` in the exponent"),
+        (pe_integer_angle, r"integer division `//` in the angle"),
+        (pe_halves, r"sin and cos concatenated in halves"),
+        (make_pe(base=1000.0), r"wrong base \(1000 instead of 10000\)"),
+        (make_pe(start=1), r"positions start at 1 instead of 0"),
+    ],
+)
+def test_pe_more_named_mistakes(fn, words):
+    with pytest.raises(AssertionError, match=words):
+        check_positional_encoding(fn)
+
+
+def test_pe_course_lib_own_function_is_refused():
+    from course_lib import sinusoidal_positional_encoding
+
+    for check in (check_positional_encoding, check_fixed_positional_encoding):
+        with pytest.raises(AssertionError, match=r"course_lib's own `sinusoidal_positional_encoding`"):
+            check(sinusoidal_positional_encoding)
+
+
+def test_embedding_layer_positions_from_ids_named():
+    class FromIds(bert_layer()):
+        def forward(self, ids):
+            return self.dropout(self.norm(self.token(ids) + self.position(ids)))   # WRONG
+
+    with pytest.raises(AssertionError, match=r"positions looked up with the token ids"):
+        check_embedding_layer(FromIds)
+
+
+def test_embedding_layer_index_error_is_named_not_raw():
+    from course_lib.checks import CheckFailure
+
+    class FromIds(bert_layer()):
+        def forward(self, ids):
+            return self.dropout(self.norm(self.token(ids) + self.position(ids)))   # WRONG
+
+    import course_lib.checks.embeddings as emb
+
+    old = emb._LAYER_CASES
+    emb._LAYER_CASES = [(50, 32, 40, (3, 9))]       # ids beyond max_len: the lookup crashes
+    try:
+        with pytest.raises(CheckFailure, match=r"IndexError.*`self.position\(ids\)`"):
+            check_embedding_layer(FromIds)
+    finally:
+        emb._LAYER_CASES = old
+
+
+def test_embedding_layer_course_lib_refused():
+    from course_lib import TokenEmbedding, TransformerEmbedding
+
+    with pytest.raises(AssertionError, match=r"course_lib's own `TransformerEmbedding`"):
+        check_embedding_layer(TransformerEmbedding)
+    with pytest.raises(AssertionError, match=r"course_lib's own `TokenEmbedding`"):
+        check_token_embedding(TokenEmbedding)
+
+
+def test_pe_sine_everywhere_named():
+    def all_sines(max_len, d_model):
+        pe = torch.zeros(max_len, d_model)
+        for pos in range(max_len):
+            for j in range(d_model):
+                pe[pos, j] = math.sin(pos / 10000 ** ((j - j % 2) / d_model))
+        return pe
+
+    with pytest.raises(AssertionError, match=r"sine in every column"):
+        check_positional_encoding(all_sines)
+
+
+def test_embedding_layer_dropout_twice_named():
+    class Twice(bert_layer()):
+        def forward(self, ids):
+            x = self.dropout(self.token(ids) + self.position(torch.arange(ids.size(1))))
+            return self.dropout(self.norm(x))
+
+    with pytest.raises(AssertionError, match=r"dropout applied twice"):
+        check_embedding_layer(Twice)

@@ -34,6 +34,12 @@ class GoodFF(nn.Module):
             return self.linear2(F.gelu(self.linear1(x)))
         if self.variant == "shape":
             return F.relu(self.linear1(x))
+        if self.variant == "relu_twice":
+            return F.relu(self.linear2(F.relu(self.linear1(x))))
+        if self.variant == "residual":
+            return x + self.linear2(F.relu(self.linear1(x)))
+        if self.variant == "relu_first":
+            return self.linear2(self.linear1(F.relu(x)))
         return self.linear2(F.relu(self.linear1(x)))
 
 
@@ -50,8 +56,9 @@ def test_feed_forward_correct_passes(capsys):
     assert "check_feed_forward: all 3 cases match" in capsys.readouterr().out
 
 
-def test_feed_forward_course_lib_passes():
-    assert passes(check_feed_forward, FeedForward)
+def test_feed_forward_course_lib_is_refused():
+    with pytest.raises(AssertionError, match=r"course_lib's own `FeedForward`, not code of yours"):
+        check_feed_forward(FeedForward)
 
 
 @pytest.mark.parametrize(
@@ -61,6 +68,9 @@ def test_feed_forward_course_lib_passes():
         ("activation_after", "applied after linear2"),
         ("gelu", "GELU is used"),
         ("shape", "Wrong output shape"),
+        ("relu_twice", r"ReLU applied twice"),
+        ("residual", r"a residual connection inside the feed-forward"),
+        ("relu_first", r"the activation is applied to the input before linear1"),
     ],
 )
 def test_feed_forward_mistakes(variant, words):
@@ -105,8 +115,10 @@ def test_layer_norm_function_passes(capsys):
     assert "check_layer_norm: all 4 cases match" in capsys.readouterr().out
 
 
-def test_layer_norm_nn_layernorm_class_passes():
-    assert passes(check_layer_norm, nn.LayerNorm)
+def test_layer_norm_pytorch_own_is_refused():
+    for own in (nn.LayerNorm, F.layer_norm):
+        with pytest.raises(AssertionError, match=r"PyTorch's own `\w*(LayerNorm|layer_norm)`"):
+            check_layer_norm(own)
 
 
 def test_layer_norm_own_class_passes():
@@ -155,6 +167,28 @@ def _no_keepdim(x, weight, bias, eps=1e-5):
     return (x - mean) / torch.sqrt(x.var(dim=-1, unbiased=False) + eps) * weight + bias
 
 
+def _no_sqrt(x, weight, bias, eps=1e-5):
+    mean = x.mean(dim=-1, keepdim=True)
+    return (x - mean) / (x.var(dim=-1, keepdim=True, unbiased=False) + eps) * weight + bias
+
+
+def _whole_tensor(x, weight, bias, eps=1e-5):
+    return (x - x.mean()) / torch.sqrt(x.var(unbiased=False) + eps) * weight + bias
+
+
+def _last_two_axes(x, weight, bias, eps=1e-5):
+    return F.layer_norm(x, x.shape[-2:], eps=eps) * weight + bias
+
+
+def _var_mean_rsqrt(x, weight, bias, eps=1e-5):  # a correct style: var_mean and rsqrt
+    var, mean = torch.var_mean(x, dim=-1, keepdim=True, correction=0)
+    return (x - mean) * torch.rsqrt(var + eps) * weight + bias
+
+
+def test_layer_norm_var_mean_rsqrt_passes():
+    assert passes(check_layer_norm, _var_mean_rsqrt)
+
+
 def _flattened(x, weight, bias, eps=1e-5):
     return layer_norm_fn(x, weight, bias, eps).reshape(-1, x.shape[-1])
 
@@ -169,6 +203,9 @@ def _flattened(x, weight, bias, eps=1e-5):
         (_no_affine, "the gain and bias are missing"),
         (_no_keepdim, "keepdim=True"),
         (_flattened, "Wrong output shape"),
+        (_no_sqrt, "no square root"),
+        (_whole_tensor, "over the whole tensor"),
+        (_last_two_axes, "over the last two axes"),
     ],
 )
 def test_layer_norm_mistakes(fn, words):
@@ -257,11 +294,14 @@ def layer_variant(name):
 
 def test_encoder_layer_correct_passes(capsys):
     assert passes(check_encoder_layer, layer_variant("good"))
-    assert "check_encoder_layer: all 3 cases match" in capsys.readouterr().out
+    assert "check_encoder_layer: all 4 cases match" in capsys.readouterr().out
 
 
-def test_encoder_layer_course_lib_passes():
-    assert passes(check_encoder_layer, EncoderLayer)
+def test_encoder_layer_course_lib_is_refused():
+    with pytest.raises(AssertionError, match=r"course_lib's own `EncoderLayer`, not code of yours"):
+        check_encoder_layer(EncoderLayer)
+    with pytest.raises(AssertionError, match=r"PyTorch's own `TransformerEncoderLayer`"):
+        check_encoder_layer(nn.TransformerEncoderLayer)
 
 
 @pytest.mark.parametrize(
@@ -376,10 +416,11 @@ def test_encoder_layer_fused_attention_and_4d_masks_pass():
 def test_encoder_layer_einsum_feed_forward_passes():
     class EinsumLayer(FusedLayer):
         def forward(self, x, mask=None):
-            x = self.norm1(x + self.self_attn(x, x, x, mask))
+            x = self.norm1(x + self.drop(self.self_attn(x, x, x, mask)))
             ff = self.feed_forward
             hidden = F.relu(torch.einsum("bld,fd->blf", x, ff.linear1.weight) + ff.linear1.bias)
-            return self.norm2(x + torch.einsum("blf,df->bld", hidden, ff.linear2.weight) + ff.linear2.bias)
+            out = torch.einsum("blf,df->bld", hidden, ff.linear2.weight) + ff.linear2.bias
+            return self.norm2(x + self.drop(out))
 
     assert passes(check_encoder_layer, EinsumLayer)
 
@@ -408,31 +449,169 @@ class NoDropout(Layer):
         return self.norm2(x + self.ff(x))
 
 
-def test_repaired_block_passes(capsys):
-    assert passes(check_repaired_encoder_block, RepairedEncoderLayer)
-    assert "check_repaired_encoder_block: all 4 cases pass" in capsys.readouterr().out
-    assert passes(check_repaired_encoder_block, EncoderLayer)  # course_lib's layer, another style
-    assert passes(check_repaired_encoder_block, FusedLayer)
+class SumDropout(Layer):  # dropout on the residual sum instead of on the sublayer output
+    def forward(self, x, mask=None):
+        x = self.norm1(self.dropout(x + self.attn(x, mask)))
+        return self.norm2(self.dropout(x + self.ff(x)))
+
+
+class SumDropoutAttention(Layer):
+    def forward(self, x, mask=None):
+        x = self.norm1(self.dropout(x + self.attn(x, mask)))
+        return self.norm2(x + self.dropout(self.ff(x)))
+
+
+class InputDropout(Layer):  # dropout on the sublayer's input
+    def forward(self, x, mask=None):
+        x = self.norm1(x + self.attn(self.dropout(x), mask))
+        return self.norm2(x + self.ff(self.dropout(x)))
+
+
+class OnlyAttentionDropout(Layer):
+    def forward(self, x, mask=None):
+        x = self.norm1(x + self.dropout(self.attn(x, mask)))
+        return self.norm2(x + self.ff(x))
+
+
+class OnlyFFDropout(Layer):
+    def forward(self, x, mask=None):
+        x = self.norm1(x + self.attn(x, mask))
+        return self.norm2(x + self.dropout(self.ff(x)))
+
+
+class SwappedNorms(Layer):
+    def forward(self, x, mask=None):
+        x = self.norm2(x + self.dropout(self.attn(x, mask)))
+        return self.norm1(x + self.dropout(self.ff(x)))
+
+
+class OneNorm(Layer):
+    def forward(self, x, mask=None):
+        x = self.norm1(x + self.dropout(self.attn(x, mask)))
+        return self.norm1(x + self.dropout(self.ff(x)))
 
 
 @pytest.mark.parametrize(
     "cls, words",
     [
-        (layer_variant("seed"), "the residual drops the attention output"),
-        (layer_variant("overwrite"), "the norm overwrites the residual stream"),
-        (layer_variant("dropout_default"), "dropout is active although dropout=0.0"),
-        (ExitDropout, "dropout on the whole stream at the exit"),
-        (NoDropout, "the dropout argument is ignored"),
+        (ExitDropout, r"dropout applied after the norm"),
+        (NoDropout, r"dropout is not applied to the sublayer outputs"),
+        (InputDropout, r"dropout is not applied to the sublayer outputs"),
+        (SumDropout, r"dropout on the residual sum \(after the addition\)"),
+        (SumDropoutAttention, r"dropout on the residual sum around the attention"),
+        (OnlyAttentionDropout, r"dropout is missing around the feed-forward"),
+        (OnlyFFDropout, r"dropout is missing around the attention"),
+        (SwappedNorms, r"norm1 and norm2 swapped"),
+        (OneNorm, r"the same norm \(norm1\) used for both sublayers"),
     ],
 )
-def test_repaired_block_mistakes(cls, words):
+def test_encoder_layer_dropout_and_norm_mistakes(cls, words):
     with pytest.raises(AssertionError, match=words):
-        check_repaired_encoder_block(cls)
+        check_encoder_layer(cls)
+
+
+# --------------------------------------------------------------------------- the repaired block (Debug)
+
+
+class MaskLayer(nn.Module):
+    """The Debug exercise's layer, taking the tokenizer's attention_mask (B, L); switchable bugs."""
+
+    variant = "good"
+
+    def __init__(self, d_model, num_heads, d_ff, dropout=0.1):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(d_model, num_heads, dropout=dropout)
+        self.feed_forward = FeedForward(d_model, d_ff, dropout=dropout)
+        self.norm1, self.norm2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+        p = 0.5 if self.variant == "p_default" else dropout
+        self.dropout1, self.dropout2 = nn.Dropout(p), nn.Dropout(p)
+
+    def mask(self, am):
+        v = self.variant
+        if v in ("seed", "p_default", "sum_dropout"):
+            return am.bool().unsqueeze(-1)          # the exercise's bug: (B, L, 1)
+        if v == "ignored":
+            return None
+        if v == "inverted":
+            return (am == 0).unsqueeze(1)
+        if v == "not_bool":
+            return am.unsqueeze(1)
+        if v == "outer":                            # (B, L, L): also correct at real positions
+            m = am.bool()
+            return m.unsqueeze(1) & m.unsqueeze(2)
+        if v == "indexing":
+            return am[:, None, :] == 1
+        return am.bool().unsqueeze(1)
+
+    def forward(self, x, attention_mask):
+        mask = self.mask(attention_mask)
+        if self.variant == "sum_dropout":
+            mask = attention_mask.bool().unsqueeze(1)
+            x = self.norm1(self.dropout1(x + self.self_attn(x, x, x, mask)))
+            return self.norm2(self.dropout2(x + self.feed_forward(x)))
+        if self.variant == "swapped":
+            x = self.norm2(x + self.dropout1(self.self_attn(x, x, x, mask)))
+            return self.norm1(x + self.dropout2(self.feed_forward(x)))
+        x = self.norm1(x + self.dropout1(self.self_attn(x, x, x, mask)))
+        return self.norm2(x + self.dropout2(self.feed_forward(x)))
+
+
+def mask_variant(name):
+    return type(f"MaskLayer_{name}", (MaskLayer,), {"variant": name})
+
+
+def test_repaired_block_passes(capsys):
+    assert passes(check_repaired_encoder_block, RepairedEncoderLayer)
+    assert "check_repaired_encoder_block: all 4 cases pass" in capsys.readouterr().out
+    for style in ("good", "outer", "indexing"):
+        assert passes(check_repaired_encoder_block, mask_variant(style))
+
+
+def test_repaired_block_fused_attention_passes():
+    class Fused(FusedLayer):  # 4-D masks only, fused kernel
+        def forward(self, x, attention_mask):
+            mask = attention_mask.bool()[:, None, None, :]          # (B, 1, 1, L)
+            x = self.norm1(x + self.drop(self.self_attn(x, x, x, mask)))
+            return self.norm2(x + self.drop(self.feed_forward(x)))
+
+    assert passes(check_repaired_encoder_block, Fused)
+
+
+@pytest.mark.parametrize(
+    "variant, words",
+    [
+        ("seed", r"the mask hides the padded QUERIES \(rows\) instead of the padded KEYS"),
+        ("ignored", r"the padded keys are not hidden.*or no mask reaches the attention"),
+        ("inverted", r"the mask is inverted"),
+        ("not_bool", r"TypeError.*mask must have dtype torch.bool"),
+        ("p_default", r"the mask hides the padded QUERIES"),
+        ("sum_dropout", r"dropout on the residual sum"),
+        ("swapped", r"norm1 and norm2 swapped"),
+    ],
+)
+def test_repaired_block_mistakes(variant, words):
+    with pytest.raises(AssertionError, match=words):
+        check_repaired_encoder_block(mask_variant(variant))
+
+
+def test_repaired_block_wrong_p_after_mask_fixed():
+    class PDefault(MaskLayer):
+        def __init__(self, d_model, num_heads, d_ff, dropout=0.1):
+            super().__init__(d_model, num_heads, d_ff, dropout)
+            self.dropout1 = nn.Dropout()
+
+    with pytest.raises(AssertionError, match=r"dropout is active although dropout=0.0"):
+        check_repaired_encoder_block(PDefault)
+
+
+def test_repaired_block_course_lib_refused():
+    with pytest.raises(AssertionError, match=r"course_lib's own `EncoderLayer`"):
+        check_repaired_encoder_block(EncoderLayer)
 
 
 def test_repaired_block_unimplemented(capsys):
-    class RepairedEncoderLayer(Layer):
-        def forward(self, x, mask=None):
+    class RepairedEncoderLayer(MaskLayer):
+        def forward(self, x, attention_mask):
             raise NotImplementedError
 
     assert check_repaired_encoder_block(RepairedEncoderLayer) is None
@@ -515,3 +694,56 @@ def test_encoder_layer_params_unimplemented(capsys):
 
     assert check_encoder_layer_params(predicted_encoder_layer_params) is None
     assert "is not implemented yet" in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------------- issue 15: more named mistakes
+@pytest.mark.parametrize("act, words", [(torch.tanh, "tanh is used"), (torch.sigmoid, "a sigmoid is used"),
+                                        (F.silu, "SiLU is used"), (F.leaky_relu, "leaky ReLU is used")])
+def test_feed_forward_other_activations_named(act, words):
+    class Other(GoodFF):
+        def __init__(self, d_model, d_ff, dropout=0.0):
+            super().__init__(d_model, d_ff, dropout)
+
+        def forward(self, x):
+            return self.linear2(act(self.linear1(x)))
+
+    with pytest.raises(AssertionError, match=words):
+        check_feed_forward(Other)
+
+
+def test_layer_norm_bias_before_gain_named():
+    def bias_first(x, weight, bias, eps=1e-5):
+        return (layer_norm_fn(x, torch.ones_like(weight), torch.zeros_like(bias), eps) + bias) * weight
+
+    with pytest.raises(AssertionError, match=r"the bias is added before the gain"):
+        check_layer_norm(bias_first)
+
+
+def test_encoder_layer_inverted_mask_named():
+    class Inverted(Layer):
+        def forward(self, x, mask=None):
+            m = None if mask is None else ~mask
+            x = self.norm1(x + self.dropout(self.attn(x, m)))
+            return self.norm2(x + self.dropout(self.ff(x)))
+
+    with pytest.raises(AssertionError, match=r"the mask is inverted"):
+        check_encoder_layer(Inverted)
+
+
+def test_repaired_block_causal_mask_named():
+    class Causal(MaskLayer):
+        def mask(self, am):
+            L = am.size(1)
+            return am.bool().unsqueeze(1) & torch.ones(L, L, dtype=torch.bool).tril()
+
+    with pytest.raises(AssertionError, match=r"a causal mask was added"):
+        check_repaired_encoder_block(Causal)
+
+
+def test_repaired_block_2d_mask_crash_is_explained():
+    class TwoD(MaskLayer):
+        def mask(self, am):
+            return am.bool()                       # (B, L) as it comes: does not broadcast
+
+    with pytest.raises(AssertionError, match=r"Your code raised ValueError.*does not broadcast"):
+        check_repaired_encoder_block(TwoD)

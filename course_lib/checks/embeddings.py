@@ -36,6 +36,22 @@ from ._common import (
     run_learner,
 )
 
+def _is_course_lib(obj) -> bool:
+    """True for course_lib's own functions and classes (the references), not for its solutions."""
+    module = getattr(obj, "__module__", "") or ""
+    return module.startswith("course_lib") and not module.startswith("course_lib.solutions")
+
+
+def _refuse_course_lib(candidate, what: str) -> None:
+    """Fail if the learner handed in course_lib's own object instead of writing one."""
+    if candidate is sinusoidal_positional_encoding or _is_course_lib(candidate):
+        raise CheckFailure(
+            f"This is course_lib's own `{getattr(candidate, '__name__', candidate)}`, the reference "
+            f"the checker compares with, not code of yours: it passes trivially and teaches "
+            f"nothing. Write {what} yourself."
+        )
+
+
 __all__ = [
     "check_positional_encoding",
     "check_token_embedding",
@@ -68,6 +84,26 @@ def _pe_from(
         use_sin = even != swap
         pe[:, j] = torch.sin(angle) if use_sin else torch.cos(angle)
     return pe.float()
+
+
+def _pe_angles(max_len: int, d_model: int) -> torch.Tensor:
+    """(max_len, ceil(d_model / 2)) angles pos * 10000**(-2i/d_model), float64."""
+    pos = torch.arange(max_len, dtype=torch.float64).unsqueeze(1)
+    two_i = torch.arange(0, d_model, 2, dtype=torch.float64)
+    return pos / 10000.0 ** (two_i / d_model)
+
+
+def _pe_floor_angle(max_len: int, d_model: int) -> torch.Tensor:
+    angles = torch.floor(_pe_angles(max_len, d_model))
+    pe = torch.zeros(max_len, d_model, dtype=torch.float64)
+    pe[:, 0::2] = torch.sin(angles)
+    pe[:, 1::2] = torch.cos(angles[:, : d_model // 2])
+    return pe.float()
+
+
+def _pe_halves(max_len: int, d_model: int) -> torch.Tensor:
+    angles = _pe_angles(max_len, d_model)
+    return torch.cat([torch.sin(angles), torch.cos(angles[:, : d_model // 2])], dim=-1).float()
 
 
 def _pair(j: int) -> int:
@@ -137,6 +173,32 @@ def _pe_mistakes() -> list[Mistake]:
             lambda n, d: _pe_from(n, d, right(d), right(d), divide=False),
         ),
     ]
+    mistakes += [
+        Mistake(
+            "integer division `//` in the exponent (every column gets the same frequency)",
+            "`two_i // d_model` is 0 for every column (two_i < d_model), so every pair becomes "
+            "sin(pos), cos(pos). Use true division: `10000 ** (two_i / d_model)`.",
+            lambda n, d: _pe_from(n, d, lambda j: 0.0, lambda j: 0.0),
+        ),
+        Mistake(
+            "integer division `//` in the angle (pos // 10000**(2i/d_model) rounds it down)",
+            "The angle is a real number: `pos / 10000 ** (two_i / d_model)`, not `//`.",
+            lambda n, d: _pe_floor_angle(n, d),
+        ),
+        Mistake(
+            "sine in every column (the odd columns must hold the cosine)",
+            "Column 2i holds sin(pos * w_i) and column 2i+1 holds cos(pos * w_i), of the same angle.",
+            lambda n, d: torch.sin(_pe_angles(n, d).repeat_interleave(2, dim=1)[:, :d]).float(),
+        ),
+        Mistake(
+            "sin and cos concatenated in halves (all sines, then all cosines) instead of "
+            "interleaved",
+            "The paper interleaves them: column 2i holds the sine and column 2i+1 the cosine of "
+            "the same frequency: `pe[:, 0::2] = torch.sin(angles)`, `pe[:, 1::2] = "
+            "torch.cos(angles)`, not `torch.cat([sin, cos], dim=-1)`.",
+            lambda n, d: _pe_halves(n, d),
+        ),
+    ]
     for base in (1000.0, 100000.0, math.e):
         label = "e" if base == math.e else f"{base:g}"
         mistakes.append(
@@ -164,6 +226,7 @@ _ODD_HINT = (
 @checker
 def check_positional_encoding(fn) -> None:
     """``fn(max_len, d_model) -> (max_len, d_model)``: the paper's sinusoids, even or odd width."""
+    _refuse_course_lib(fn, "the sinusoidal encoding")
     mistakes = _pe_mistakes()
     for max_len, d_model in _PE_CASES:
         case = f"max_len={max_len}, d_model={d_model}"
@@ -211,6 +274,7 @@ def check_fixed_positional_encoding(fn) -> None:
     Only even widths are tested: the loop of the exercise writes column ``i + 1`` and was never
     asked to handle an odd ``d_model``.
     """
+    _refuse_course_lib(fn, "the fixed loop (repair the copy of `loop_a`)")
     mistakes = _pe_mistakes()
     for max_len, d_model in _DEBUG_CASES:
         case = f"max_len={max_len}, d_model={d_model}"
@@ -349,6 +413,9 @@ _TOKEN_CASES = [(11, 16, (2, 5)), (50, 64, (3, 7)), (7, 9, (1, 1)), (30, 4, (4, 
 def check_token_embedding(cls) -> None:
     """``cls(vocab_size, d_model)`` with ``self.embedding = nn.Embedding(...)``;
     ``forward(ids (B, L)) -> (B, L, d_model)`` = lookup x sqrt(d_model)."""
+    if _is_course_lib(cls):
+        raise CheckFailure(f"This is course_lib's own `{getattr(cls, '__name__', cls)}`, not a "
+                           "class of yours: write the token embedding yourself.")
     for n, (vocab_size, d_model, shape) in enumerate(_TOKEN_CASES):
         case = f"vocab_size={vocab_size}, d_model={d_model}, ids {shape}"
         gen = torch.Generator().manual_seed(300 + n)
@@ -367,7 +434,7 @@ def check_token_embedding(cls) -> None:
         )
         learner.eval()
         with torch.no_grad():
-            got = learner(ids)
+            got = run_learner(learner, ids, case=case)
             expected = ref(ids)
         expect_shape(
             got,
@@ -411,7 +478,26 @@ _NAME_MAP = {  # learner's name -> course_lib TransformerEmbedding's name
     "norm.weight": "norm.weight",
     "norm.bias": "norm.bias",
 }
-_LAYER_CASES = [(20, 16, 12, (2, 5)), (50, 32, 40, (3, 9)), (7, 8, 6, (1, 6))]
+# the first case has vocab_size < max_len, so positions looked up from the ids run and are named
+_LAYER_CASES = [(10, 16, 12, (2, 5)), (50, 32, 40, (3, 9)), (7, 8, 6, (1, 6))]
+
+
+def _run_embedding(learner: nn.Module, ids: torch.Tensor, case: str, max_len: int) -> torch.Tensor:
+    """``learner(ids)``; an IndexError (an index past the position table) is named."""
+    try:
+        return learner(ids)
+    except IndexError as err:
+        raise CheckFailure(
+            f"Likely mistake ({case}): an index past the end of a table (IndexError: {err}). The "
+            f"position table has max_len={max_len} rows, but the token ids go up to "
+            f"{int(ids.max())}: did you look up the positions with the token ids "
+            "(`self.position(ids)`)? Positions are 0, 1, ..., L-1 whatever the tokens are: "
+            "`self.position(torch.arange(ids.size(1), device=ids.device))`."
+        ) from err
+    except (NotImplementedError, CheckFailure):
+        raise
+    except Exception:  # any other crash: run_learner names it
+        return run_learner(learner, ids, case=case)
 
 
 def _reference_layer(
@@ -434,12 +520,22 @@ def _reference_layer(
     return ref
 
 
+def _dropped_twice(x: torch.Tensor, norm, seed: int) -> torch.Tensor:
+    torch.manual_seed(seed)
+    return F.dropout(norm(F.dropout(x, 0.1, training=True)), 0.1, training=True)
+
+
 @checker
 def check_embedding_layer(cls) -> None:
     """BERT-style ``cls(vocab_size, d_model, max_len, dropout)``.
 
     ``forward(ids) = dropout(norm(token(ids) + position(0..L-1)))``.
     """
+    if _is_course_lib(cls):
+        raise CheckFailure(
+            f"This is course_lib's own `{getattr(cls, '__name__', cls)}`, not a class of yours. "
+            "Write `BertStyleEmbedding` with the submodules the exercise lists."
+        )
     n_cases = 0
     for n, (vocab_size, d_model, max_len, shape) in enumerate(_LAYER_CASES):
         case = f"vocab_size={vocab_size}, d_model={d_model}, max_len={max_len}, ids {shape}"
@@ -465,7 +561,7 @@ def check_embedding_layer(cls) -> None:
         learner.eval()
         ref.eval()
         with torch.no_grad():
-            got = learner(ids)
+            got = _run_embedding(learner, ids, case + ", eval mode", max_len)
             expected = ref(ids)
         expect_shape(
             got,
@@ -503,6 +599,13 @@ def check_embedding_layer(cls) -> None:
                 "The first token has position 0: `torch.arange(L, device=ids.device)`.",
                 lambda i: ln(tok[i] + pos[1 : L + 1]),
             ),
+            Mistake(
+                "positions looked up with the token ids (`self.position(ids)`)",
+                "The position table is indexed by the place of the token, 0, 1, ..., L-1, not by "
+                "its id: `self.position(torch.arange(ids.size(1), device=ids.device))`. (With a "
+                "vocabulary larger than max_len, `self.position(ids)` even crashes.)",
+                lambda i: ln(tok[i] + pos[i]),
+            ),
         ]
         compare(got, expected, (ids,), mistakes, case + ", eval mode")
         n_cases += 1
@@ -511,7 +614,7 @@ def check_embedding_layer(cls) -> None:
         learner.train()
         ref.train()
         torch.manual_seed(600 + n)
-        got = learner(ids).detach()
+        got = _run_embedding(learner, ids, case + ", train mode", max_len).detach()
         torch.manual_seed(600 + n)
         expected = ref(ids).detach()
 
@@ -529,6 +632,11 @@ def check_embedding_layer(cls) -> None:
                 "dropout applied before the LayerNorm",
                 "The order is sum -> LayerNorm -> dropout: `self.dropout(self.norm(x))`.",
                 lambda i: ln(dropped(tok[i] + pos[:L], 0.1)),
+            ),
+            Mistake(
+                "dropout applied twice (before and after the LayerNorm)",
+                "Apply `self.dropout` once, to the normalized sum: `self.dropout(self.norm(x))`.",
+                lambda i: _dropped_twice(tok[i] + pos[:L], ln, 600 + n),
             ),
             Mistake(
                 "no dropout in training mode",

@@ -23,6 +23,22 @@ __all__ = [
 ]
 
 
+def _is_course_lib(obj: Any) -> bool:
+    """True for course_lib's own functions and classes (the references), not for its solutions."""
+    module = getattr(obj, "__module__", "") or ""
+    return module.startswith("course_lib") and not module.startswith("course_lib.solutions")
+
+
+def _refuse_reference(candidate: Any, what: str, also: tuple[Any, ...] = ()) -> None:
+    """Fail if the learner handed in course_lib's (or PyTorch's) own object instead of writing one."""
+    if _is_course_lib(candidate) or any(candidate is ref for ref in also):
+        owner = "course_lib" if _is_course_lib(candidate) else "PyTorch"
+        raise CheckFailure(
+            f"This is {owner}'s own `{getattr(candidate, '__name__', candidate)}`, not code of "
+            f"yours: it passes trivially and teaches nothing. Write {what} yourself."
+        )
+
+
 def _build(cls: type, *args: Any, **kwargs: Any) -> nn.Module:
     """Instantiate the learner's class; ``dropout=0.0`` if its signature accepts it."""
     try:
@@ -52,6 +68,7 @@ _RUN_HINT = ("If it is a shape error, print the shapes of the intermediate tenso
 def check_feed_forward(cls: type) -> None:
     """Check ``cls(d_model, d_ff, dropout=0.0)``: ``linear2(relu(linear1(x)))`` with submodules
     ``linear1`` (d_model -> d_ff) and ``linear2`` (d_ff -> d_model)."""
+    _refuse_reference(cls, "the feed-forward network (`MyFeedForward`)", (nn.Linear,))
     cases = [((2, 5, 16), 32), ((1, 1, 8), 8), ((3, 7, 12), 48)]
     for i, (shape, d_ff) in enumerate(cases):
         torch.manual_seed(100 + i)
@@ -81,6 +98,23 @@ def check_feed_forward(cls: type) -> None:
             Mistake("GELU is used where the paper's ReLU was asked",
                     "This exercise follows the paper: use ReLU (BERT uses GELU).",
                     lambda x: l2(F.gelu(l1(x)))),
+            *[Mistake(f"{name} is used where the paper's ReLU was asked",
+                      "This exercise follows the paper's equation 2: max(0, x W1 + b1) W2 + b2, "
+                      "i.e. F.relu (or torch.relu, nn.ReLU()) between the two layers.",
+                      lambda x, act=act: l2(act(l1(x))))
+              for name, act in (("tanh", torch.tanh), ("a sigmoid", torch.sigmoid),
+                                ("SiLU", F.silu), ("leaky ReLU", F.leaky_relu))],
+            Mistake("ReLU applied twice (between the layers and again after linear2)",
+                    "Equation 2 has one ReLU, on the d_ff-wide hidden layer; the output of linear2 "
+                    "is returned as it is (it may be negative).",
+                    lambda x: F.relu(l2(F.relu(l1(x))))),
+            Mistake("a residual connection inside the feed-forward network (x + FFN(x))",
+                    "Return FFN(x) only: the encoder layer adds x around the sublayer itself "
+                    "(x + feed_forward(x)), so a residual inside would add x twice.",
+                    lambda x: x + l2(F.relu(l1(x)))),
+            Mistake("the activation is applied to the input before linear1",
+                    "ReLU goes on linear1's output: linear2(relu(linear1(x))).",
+                    lambda x: l2(l1(F.relu(x)))),
         ]
         with torch.no_grad():
             compare(got, expected, (x,), mistakes, case=case)
@@ -92,11 +126,14 @@ def check_feed_forward(cls: type) -> None:
 
 def _ln(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float,
         dims: tuple[int, ...] = (-1,), unbiased: bool = False,
-        eps_outside: bool = False) -> torch.Tensor:
+        eps_outside: bool = False, no_sqrt: bool = False) -> torch.Tensor:
     """LayerNorm and its usual wrong variants (statistics over ``dims``)."""
     mean = x.mean(dim=dims, keepdim=True)
     var = x.var(dim=dims, keepdim=True, unbiased=unbiased)
-    y = (x - mean) / (var.sqrt() + eps) if eps_outside else (x - mean) / torch.sqrt(var + eps)
+    if no_sqrt:
+        y = (x - mean) / (var + eps)
+    else:
+        y = (x - mean) / (var.sqrt() + eps) if eps_outside else (x - mean) / torch.sqrt(var + eps)
     if weight is not None:
         y = y * weight + bias
     return y
@@ -126,6 +163,20 @@ def _layer_norm_mistakes(weight: torch.Tensor, bias: torch.Tensor, eps: float) -
                 "That is BatchNorm's axis. LayerNorm takes mean and variance over the last dim "
                 "(the features) of each token, dim=-1.",
                 lambda x: _ln(x, weight, bias, eps, dims=(0,))),
+        Mistake("no square root: divided by the variance instead of the standard deviation",
+                "Divide by sqrt(var + eps), the standard deviation, not by var + eps.",
+                lambda x: _ln(x, weight, bias, eps, no_sqrt=True)),
+        Mistake("the statistics are taken over the whole tensor (one mean and variance for "
+                "everything)",
+                "Each token gets its own mean and variance over its features: "
+                "x.mean(dim=-1, keepdim=True), not x.mean().",
+                lambda x: _ln(x, weight, bias, eps, dims=tuple(range(x.dim())))),
+        Mistake("the statistics are taken over the last two axes (positions and features together)",
+                "Only the features: mean and variance over dim=-1 with keepdim=True.",
+                lambda x: _ln(x, weight, bias, eps, dims=(-2, -1))),
+        Mistake("the bias is added before the gain multiplies ((y + bias) * weight)",
+                "Scale first, then shift: y * weight + bias.",
+                lambda x: (_ln(x, None, None, eps) + bias) * weight),
         Mistake("the gain and bias are missing",
                 "After normalizing, scale by the learned gain and shift by the learned bias: "
                 "y * weight + bias.",
@@ -147,6 +198,8 @@ def check_layer_norm(candidate: Any) -> None:
     # (shape, eps, scale of x): the small-scale case makes "eps outside the sqrt" visible
     cases = [((2, 5, 16), 1e-5, 1.0), ((3, 4, 8), 1e-3, 0.02), ((1, 6, 6), 1e-5, 4.0),
              ((4, 10), 1e-5, 1.0)]
+    _refuse_reference(candidate, "the LayerNorm formula (`MyLayerNorm`)",
+                      (nn.LayerNorm, F.layer_norm, torch.layer_norm))
     is_class = inspect.isclass(candidate)
     gen = torch.Generator().manual_seed(4)
     for shape, eps, scale in cases:
@@ -245,6 +298,11 @@ def _encoder_layer_mistakes(ref: EncoderLayer, mask: torch.Tensor | None) -> lis
                 "Pass the mask to the attention: self_attn(x, x, x, mask); padded keys must stay "
                 "hidden.",
                 lambda x: (lambda h: n2(h + ff(h)))(n1(x + attn(x, None)))),
+        Mistake("the mask is inverted (True must mean \"may attend\")",
+                "course_lib's masks are True where attention is allowed: pass the mask as it "
+                "comes, self_attn(x, x, x, mask), without ~ or == 0.",
+                lambda x: (lambda h: n2(h + ff(h)))(n1(x + attn(x, None if mask is None
+                                                              else ~mask)))),
         Mistake("the feed-forward is missing its activation",
                 "Apply the non-linearity between linear1 and linear2 (ReLU here).",
                 lambda x: (lambda h: n2(h + ff_linear(h)))(n1(x + attn(x)))),
@@ -253,6 +311,20 @@ def _encoder_layer_mistakes(ref: EncoderLayer, mask: torch.Tensor | None) -> lis
                 "Feed the output of the first add & norm into the feed-forward: h = norm1(...); "
                 "x = norm2(h + feed_forward(h)).",
                 lambda x: (lambda h: n2(h + ff(x)))(n1(x + attn(x)))),
+        Mistake("norm1 and norm2 swapped (norm2 after the attention, norm1 after the "
+                "feed-forward)",
+                "norm1 belongs to the attention sublayer and norm2 to the feed-forward: "
+                "x = norm1(x + attention), then x = norm2(x + feed_forward(x)). The two have "
+                "different learned weights, so the order matters.",
+                lambda x: (lambda h: n1(h + ff(h)))(n2(x + attn(x)))),
+        Mistake("the same norm (norm1) used for both sublayers",
+                "Each sublayer has its own LayerNorm with its own weights: norm2 after the "
+                "feed-forward.",
+                lambda x: (lambda h: n1(h + ff(h)))(n1(x + attn(x)))),
+        Mistake("the same norm (norm2) used for both sublayers",
+                "Each sublayer has its own LayerNorm with its own weights: norm1 after the "
+                "attention.",
+                lambda x: (lambda h: n2(h + ff(h)))(n2(x + attn(x)))),
     ]
 
 
@@ -291,6 +363,102 @@ def _encoder_layer_cases(gen: torch.Generator) -> list[tuple[tuple[int, int, int
     return cases
 
 
+def _check_dropout_places(cls: type, gen: torch.Generator) -> None:
+    """Training mode with ``dropout=1.0``: every dropout zeroes what it gets, whatever its random
+    draws, so the right layer returns exactly ``norm2(norm1(x))`` (attention and feed-forward
+    outputs dropped entirely). Where the dropout sits decides what comes out; no RNG is compared,
+    so any correct attention (fused or not) passes."""
+    d_model, num_heads, d_ff = 16, 4, 32
+    reference = EncoderLayer(d_model, num_heads, d_ff, dropout=1.0)
+    _randomize_norms(reference, gen)
+    with torch.no_grad():  # non-zero biases: an output bias that slips through must show
+        for m in reference.modules():
+            if isinstance(m, nn.Linear):
+                m.bias.copy_(0.5 * torch.randn(m.bias.shape, generator=gen))
+    learner = _build(cls, d_model, num_heads, d_ff, dropout=1.0)
+    load_reference_weights(learner, reference.state_dict(), "Your encoder layer")
+    x = torch.randn(2, 5, d_model, generator=gen)
+    case = "training mode, dropout=1.0"
+    learner.train()
+    reference.train()
+    n1, n2 = reference.norm1, reference.norm2
+    with torch.no_grad():
+        got = _run_with_mask(learner, x, None, case)
+        expect_shape(got, x.shape, "the encoder layer output",
+                     "An encoder layer maps (B, L, d_model) to the same shape.")
+        expected = n2(n1(x))
+        # What a sublayer outputs when no residual dropout follows it: with p = 1 inside the
+        # attention (weights dropped) only out_proj's bias is left, and inside the feed-forward
+        # only linear2's bias; a learner's sublayer may have no inner dropout, so both are tried.
+        attn_b = reference.self_attn(x, x, x)
+        ff_b = reference.feed_forward.linear2.bias
+        def no_inner_dropout(module: nn.Module, *args: torch.Tensor) -> torch.Tensor:
+            module.eval()
+            try:
+                return module(*args)
+            finally:
+                module.train()
+
+        def attn_full(h: torch.Tensor) -> torch.Tensor:
+            return no_inner_dropout(reference.self_attn, h, h, h)
+
+        def ff_full(h: torch.Tensor) -> torch.Tensor:
+            return no_inner_dropout(reference.feed_forward, h)
+
+        # the last of each: dropout on the sublayer's INPUT (zeroed), the sublayer itself intact
+        attns = [lambda h: attn_b, attn_full, lambda h: attn_full(torch.zeros_like(h))]
+        ffs = [lambda h: ff_b, ff_full, lambda h: ff_full(torch.zeros_like(h))]
+        mistakes = [
+            Mistake("dropout on the residual sum (after the addition) instead of on the sublayer "
+                    "output",
+                    "Dropout belongs on each sublayer's output BEFORE it is added: "
+                    "x = norm1(x + dropout(self_attn(x, x, x, mask))), not "
+                    "norm1(dropout(x + self_attn(...))), which also drops the residual stream.",
+                    lambda x: n2.bias.expand_as(x)),
+            Mistake("dropout on the residual sum around the attention (after the addition)",
+                    "Dropout belongs on the attention's output before the addition: "
+                    "x = norm1(x + dropout(self_attn(x, x, x, mask))), not "
+                    "norm1(dropout(x + ...)), which also drops the residual stream.",
+                    lambda x: n2(n1.bias.expand_as(x))),
+            Mistake("dropout applied after the norm (on the layer's output)",
+                    "Dropout goes on each sublayer's output before the addition; a post-LN layer "
+                    "returns norm2's output as it is.",
+                    lambda x: torch.zeros_like(x)),
+            Mistake("norm1 and norm2 swapped", "norm1 follows the attention, norm2 the "
+                    "feed-forward; they have different learned weights.",
+                    lambda x: n1(n2(x))),
+        ]
+        for attn in attns:
+            for ff in ffs:
+                mistakes += [
+                    Mistake("dropout is not applied to the sublayer outputs (missing, or applied "
+                            "to the sublayer's input instead)",
+                            "The paper's residual dropout: x = norm1(x + dropout(self_attn(x, x, "
+                            "x, mask))) and x = norm2(x + dropout(feed_forward(x))), with "
+                            "nn.Dropout(dropout).",
+                            lambda x, a=attn, f=ff: (lambda h: n2(h + f(h)))(n1(x + a(x)))),
+                    Mistake("dropout is missing around the attention sublayer",
+                            "Drop the attention output before adding it: "
+                            "x = norm1(x + dropout(self_attn(x, x, x, mask))).",
+                            lambda x, a=attn: n2(n1(x + a(x)))),
+                    Mistake("dropout is missing around the feed-forward sublayer",
+                            "Drop the feed-forward output before adding it: "
+                            "x = norm2(x + dropout(feed_forward(x))).",
+                            lambda x, f=ff: (lambda h: n2(h + f(h)))(n1(x))),
+                ]
+        if not torch.allclose(got, expected, atol=1e-5, rtol=1e-4):
+            for mistake in mistakes:
+                if torch.allclose(got, mistake.compute(x), atol=1e-5, rtol=1e-4):
+                    raise CheckFailure(f"Likely mistake ({case}): {mistake.name}. {mistake.hint}")
+            raise CheckFailure(
+                f"Dropout in the wrong place ({case}): with p = 1 every dropout zeroes its input, "
+                "so the paper's layer returns exactly norm2(norm1(x)) (both sublayer outputs "
+                "dropped); yours does not (largest difference "
+                f"{(got - expected).abs().max().item():.3g}). Put nn.Dropout(dropout) on each "
+                "sublayer's output, before the addition, and nowhere on the residual stream."
+            )
+
+
 def _check_encoder_layer(cls: type) -> int:
     """Compare ``cls`` with ``course_lib.EncoderLayer`` (post-LN); return the number of cases."""
     gen = torch.Generator().manual_seed(44)
@@ -323,7 +491,8 @@ def _check_encoder_layer(cls: type) -> int:
                     "argument on: "
                     "nn.Dropout(dropout); a bare nn.Dropout() drops with p=0.5."
                 )
-    return len(cases)
+    _check_dropout_places(cls, gen)
+    return len(cases) + 1
 
 
 @checker
@@ -332,51 +501,122 @@ def check_encoder_layer(cls: type) -> None:
     ``forward(x (B, L, d_model), mask bool | None) -> (B, L, d_model)`` with submodules named like
     ``course_lib.EncoderLayer``: ``self_attn`` (q_proj, k_proj, v_proj, out_proj), ``feed_forward``
     (linear1, linear2), ``norm1``, ``norm2``. Masks come as (B, 1, L) and (B, L, L); a layer that
-    only takes 4-D masks gets them as (B, 1, 1, L) and (B, 1, L, L)."""
+    only takes 4-D masks gets them as (B, 1, 1, L) and (B, 1, L, L). Then once in training mode
+    with ``dropout=1.0``, where the place of the dropout decides the output."""
+    _refuse_reference(cls, "the encoder layer (`MyEncoderLayer`)",
+                      (nn.TransformerEncoderLayer,))
     passed("check_encoder_layer", _check_encoder_layer(cls))
 
 
 # ----------------------------------------------------------------------- the repaired block (Debug)
 
 
+def _attention_mask_cases(gen: torch.Generator) -> list[tuple[tuple[int, int, int], int, int,
+                                                                 torch.Tensor]]:
+    """(shape, num_heads, d_ff, attention_mask (B, L) int64 with 1 = real token, 0 = pad)."""
+    cases = []
+    am = torch.ones(2, 6, dtype=torch.long)
+    am[1, 4:] = 0                                       # 2 pads in the second sequence
+    cases.append(((2, 6, 16), 4, 32, am))
+    am = torch.ones(3, 5, dtype=torch.long)
+    am[0, 2:] = 0                                       # 3 pads
+    am[2, 4:] = 0                                       # 1 pad
+    cases.append(((3, 5, 12), 3, 24, am))
+    cases.append(((1, 4, 8), 2, 16, torch.ones(1, 4, dtype=torch.long)))   # no padding
+    return cases
+
+
 @checker
 def check_repaired_encoder_block(cls: type) -> None:
-    """The debug exercise: the broken tutorial block, repaired into the paper's post-LN layer.
+    """The debug exercise: a post-LN encoder layer that takes the tokenizer's ``attention_mask``.
 
-    Everything ``check_encoder_layer`` checks, and with ``dropout=0.5`` in training mode: dropout is
-    used at all, and not on the whole residual stream at the exit (a post-LN layer ends in a
-    LayerNorm, whose output is never exactly 0).
+    ``cls(d_model, num_heads, d_ff, dropout)``; ``forward(x (B, L, d_model), attention_mask (B, L)
+    int, 1 = real token, 0 = pad) -> (B, L, d_model)``, submodules named like
+    ``course_lib.EncoderLayer``. It must equal ``course_lib.EncoderLayer`` given the padding mask
+    ``(B, 1, L)`` at every real position (nobody reads the padded ones), on three batches, and place
+    its dropout right (training mode with ``dropout=1.0``).
     """
-    n_cases = _check_encoder_layer(cls)
-    torch.manual_seed(45)
-    learner = _build(cls, 16, 4, 32, dropout=0.5)
-    x = torch.randn(4, 6, 16)
-    case = "dropout=0.5, training mode"
-    learner.eval()
-    with torch.no_grad():
-        eval_out = run_learner(learner, x, None, case=case, hint=_RUN_HINT)
-        learner.train()
-        train_out = run_learner(learner, x, None, case=case, hint=_RUN_HINT)
-    zeros = (train_out == 0).float().mean().item()
-    if zeros > 0.1:
-        raise CheckFailure(
-            f"Likely mistake ({case}): dropout on the whole stream at the exit: {zeros:.0%} of the "
-            "layer's "
-            "output is exactly 0. Dropout belongs on each sublayer's output before the addition "
-            "(x = norm1(x + dropout(sublayer(x)))); the layer returns the last norm's output as it "
-            "is."
-        )
-    if torch.allclose(train_out, eval_out):
-        raise CheckFailure(
-            f"Likely mistake ({case}): the dropout argument is ignored: in training mode with "
-            "dropout=0.5 the "
-            "output equals the evaluation-mode output. Keep the paper's residual dropout: "
-            "x = norm1(x + dropout(self_attn(x, x, x, mask))), and the same around the "
-            "feed-forward."
-        )
-    print(f"check_repaired_encoder_block: all {n_cases + 1} cases pass. The attention output "
-          "reaches the sum, "
-          "each norm normalizes a sum, and dropout uses its p. Well done!")
+    _refuse_reference(cls, "the repaired layer (`RepairedEncoderLayer`)",
+                      (nn.TransformerEncoderLayer,))
+    gen = torch.Generator().manual_seed(46)
+    cases = _attention_mask_cases(gen)
+    for shape, num_heads, d_ff, attention_mask in cases:
+        d_model = shape[-1]
+        torch.manual_seed(int(torch.randint(0, 10_000, (1,), generator=gen)))
+        reference = EncoderLayer(d_model, num_heads, d_ff, dropout=0.0).eval()
+        _randomize_norms(reference, gen)
+        learner = _build(cls, d_model, num_heads, d_ff, dropout=0.0)
+        load_reference_weights(learner, reference.state_dict(), "Your encoder layer",
+                               "Keep the submodule names of the block: self_attn, feed_forward, "
+                               "norm1, norm2.")
+        learner.eval()
+        x = torch.randn(shape, generator=gen)
+        real = attention_mask.bool()                                  # (B, L)
+        pad_mask = real.unsqueeze(1)                                  # (B, 1, L): keys
+        case = (f"input {shape}, attention_mask with {int((~real).sum())} padded positions")
+        with torch.no_grad():
+            got = run_learner(learner, x, attention_mask, case=case, hint=_RUN_HINT)
+            expect_shape(got, shape, "the encoder layer output",
+                         "An encoder layer maps (B, L, d_model) to the same shape.")
+            expected = reference(x, pad_mask)
+
+            def at_real(f: Any) -> Any:
+                return lambda x: f(x)[real]
+
+            mask_mistakes = [
+                Mistake("the padded keys are not hidden: the mask hides the padded QUERIES (rows) "
+                        "instead of the padded KEYS (columns), or no mask reaches the attention",
+                        "A mask broadcasts against the scores (B, L_q, L_k). attention_mask is "
+                        "(B, L); unsqueeze(-1) makes it (B, L, 1), which is spread along the "
+                        "keys: only the pad rows are hidden, and every real token still attends "
+                        "to the pads, exactly as with no mask at all. The keys are the last axis: "
+                        "attention_mask.bool().unsqueeze(1), shape (B, 1, L), as padding_mask "
+                        "builds it.",
+                        at_real(lambda x: reference(x, real.unsqueeze(-1)))),
+                Mistake("a causal mask was added: an encoder lets every token see the whole "
+                        "sentence",
+                        "Only the pads are hidden in an encoder: the (B, 1, L) padding mask "
+                        "alone, no torch.tril (that belongs to the decoder, lesson 05).",
+                        at_real(lambda x: reference(x, pad_mask & torch.ones(
+                            x.size(1), x.size(1), dtype=torch.bool).tril()))),
+                Mistake("the mask is inverted: the real tokens attend only to the pads",
+                        "attention_mask is 1 on real tokens, and course_lib's masks mean True = "
+                        "may attend: use attention_mask.bool(), not == 0 or ~.",
+                        at_real(lambda x: reference(x, ~pad_mask))),
+            ]
+            layer_mistakes = [Mistake(m.name, m.hint, at_real(m.compute))
+                              for m in _encoder_layer_mistakes(reference, pad_mask)]
+            compare(got[real], expected[real], (x,), mask_mistakes + layer_mistakes,
+                    case=case + " (real positions)")
+            learner.train()  # dropout=0.0 was asked: train mode must give the same output
+            got = run_learner(learner, x, attention_mask, case=case, hint=_RUN_HINT)
+            if not torch.allclose(got[real], expected[real], atol=1e-5, rtol=1e-4):
+                raise CheckFailure(
+                    f"Likely mistake ({case}): dropout is active although dropout=0.0 was asked "
+                    "(in eval mode your output is right, in train mode it changes). Pass the "
+                    "dropout argument on: nn.Dropout(dropout); a bare nn.Dropout() drops with "
+                    "p=0.5."
+                )
+
+    class _NoMask(nn.Module):  # the dropout test runs without padding: an all-ones mask
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__()
+            self.inner = _build(cls, *args, **kwargs)
+
+        def state_dict(self, *args: Any, **kwargs: Any) -> Any:
+            return self.inner.state_dict(*args, **kwargs)
+
+        def load_state_dict(self, *args: Any, **kwargs: Any) -> Any:
+            return self.inner.load_state_dict(*args, **kwargs)
+
+        def forward(self, x: torch.Tensor, mask: Any = None) -> torch.Tensor:
+            ones = torch.ones(x.shape[:2], dtype=torch.long)
+            return self.inner(x, ones)
+
+    _check_dropout_places(_NoMask, gen)
+    print(f"check_repaired_encoder_block: all {len(cases) + 1} cases pass. The real tokens "
+          "attend to the real tokens only, whatever the padding, and the dropout sits on the "
+          "sublayer outputs. Well done!")
 
 
 # ----------------------------------------------------------------------- Predict: LayerNorm output

@@ -71,14 +71,17 @@ def predicted_encoder_layer_params():
 class RepairedEncoderLayer(nn.Module):
     def __init__(self, d_model: int, num_heads: int, d_ff: int, dropout: float = 0.1) -> None:
         super().__init__()
-        self.self_attn = MultiHeadAttention(d_model, num_heads)
-        self.feed_forward = FeedForward(d_model, d_ff, dropout=0.0)
+        self.self_attn = MultiHeadAttention(d_model, num_heads, dropout=dropout)
+        self.feed_forward = FeedForward(d_model, d_ff, dropout=dropout)
         self.norm1 = nn.LayerNorm(d_model)
         self.norm2 = nn.LayerNorm(d_model)
-        self.dropout = nn.Dropout(dropout)     # fix 3: pass p on (nn.Dropout() means p = 0.5)
+        self.dropout1 = nn.Dropout(dropout)
+        self.dropout2 = nn.Dropout(dropout)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        attention_output = self.self_attn(x, x, x, mask)
-        x = self.norm1(x + self.dropout(attention_output))    # fix 1: add the attention OUTPUT
-        x = self.norm2(x + self.dropout(self.feed_forward(x)))  # fix 2: normalize the sum
-        return x                               # fix 3: no dropout on the whole stream
+    def forward(self, x: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        # attention_mask (B, L) -> (B, 1, L): one row of KEYS, broadcast over every query. The bug,
+        # unsqueeze(-1), made (B, L, 1): it hid the pad queries and let every token attend to pads.
+        mask = attention_mask.bool().unsqueeze(1)
+        x = self.norm1(x + self.dropout1(self.self_attn(x, x, x, mask)))
+        x = self.norm2(x + self.dropout2(self.feed_forward(x)))
+        return x

@@ -40,6 +40,9 @@ MASK_MISTAKES = {
     "query axis": lambda t, p: (t != p).unsqueeze(2) & _tril(t.size(1)),
     "pad zero": lambda t, p: (t != 0).unsqueeze(1) & _tril(t.size(1)),
     "wrong shape": lambda t, p: ((t != p).unsqueeze(1) & _tril(t.size(1))).unsqueeze(1),
+    "tril diagonal 1": lambda t, p: (t != p).unsqueeze(1)
+    & torch.ones(t.size(1), t.size(1), dtype=torch.bool).tril(diagonal=1),
+    "or": lambda t, p: (t != p).unsqueeze(1) | _tril(t.size(1)),
 }
 
 MASK_MESSAGES = {
@@ -53,6 +56,8 @@ MASK_MESSAGES = {
     "query axis": r"padding applied on the query axis instead of the key axis",
     "pad zero": r"pad id hard-coded as 0",
     "wrong shape": r"Wrong mask shape",
+    "tril diagonal 1": r"tril\(diagonal=1\): every position also sees the next one",
+    "or": r"padding OR causal instead of AND",
 }
 
 
@@ -66,10 +71,32 @@ def test_check_decoder_masks_passes_correct(capsys):
     assert "check_decoder_masks: all 5 cases match" in capsys.readouterr().out
 
 
-def test_check_decoder_masks_passes_course_lib_and_plain_causal_shape():
-    assert passes(check_decoder_masks, decoder_self_attention_mask)
-    # (B, 1, L) & (L, L) built in another order, still right
-    assert passes(check_decoder_masks, lambda t, p: causal_mask(t.size(1)) & padding_mask(t, p))
+def test_check_decoder_masks_passes_other_plain_torch_styles():
+    # (L, L) & (B, 1, L) in the other order, triu on the transpose, a 3-D result built by expand
+    assert passes(check_decoder_masks, lambda t, p: _tril(t.size(1)) & (t != p)[:, None, :])
+    assert passes(check_decoder_masks,
+                  lambda t, p: torch.ones(t.size(1), t.size(1)).triu().T.bool() & (t != p).unsqueeze(-2))
+
+    def with_arange(tgt, pad_id):
+        pos = torch.arange(tgt.size(1))
+        return (pos[None, :] <= pos[:, None]).expand(tgt.size(0), -1, -1) & (tgt != pad_id)[:, None]
+
+    assert passes(check_decoder_masks, with_arange)
+
+
+import course_lib  # noqa: E402  (the module, for the attribute-access case below)
+
+
+@pytest.mark.parametrize("fn", [
+    decoder_self_attention_mask,
+    lambda t, p: decoder_self_attention_mask(t, p),
+    lambda t, p: causal_mask(t.size(1)) & padding_mask(t, p),
+    lambda t, p: course_lib.masks.causal_mask(t.size(1)) & (t != p).unsqueeze(1),
+], ids=["the function itself", "a wrapper", "causal_mask and padding_mask", "course_lib.masks."])
+def test_check_decoder_masks_says_when_course_lib_is_handed_in(fn):
+    with pytest.raises(AssertionError, match=r"You handed in course_lib's `(decoder_self_attention_mask|"
+                                             r"causal_mask)`.*plain torch"):
+        check_decoder_masks(fn)
 
 
 @pytest.mark.parametrize("name", sorted(MASK_MISTAKES))
@@ -113,20 +140,38 @@ class ConfigurableDecoderLayer(DecoderLayer):
             kv = h if m == "kv_from_decoder" else memory
             return self.cross_attn(q, kv, kv, cross_mask)
 
+        norms = {"norm1_everywhere": (self.norm1,) * 3,
+                 "norms_reversed": (self.norm3, self.norm2, self.norm1),
+                 "norm2_for_ff": (self.norm1, self.norm2, self.norm2)}.get(
+            m, (self.norm1, self.norm2, self.norm3))
         steps = [
-            ("self", self_block, self.norm1),
-            ("cross", cross_block, self.norm2),
-            ("ff", self.feed_forward, self.norm3),
+            ("self", self_block, norms[0], self.dropout1),
+            ("cross", cross_block, norms[1], self.dropout2),
+            ("ff", self.feed_forward, norms[2], self.dropout3),
         ]
         if m == "cross_first":
             steps = [steps[1], steps[0], steps[2]]
-        for name, block, norm in steps:
+        if m == "no_norm3":
+            steps[2] = ("ff", self.feed_forward, nn.Identity(), self.dropout3)
+        if m == "dropout_always_on":
+            steps = [(n, b, nm, lambda t: F.dropout(t, 0.3)) for n, b, nm, _ in steps]
+        layer_input = x
+        for name, block, norm, drop in steps:
+            if m == "stale_cross" and name == "cross":
+                x = norm(x + drop(cross_block(layer_input)))
+                continue
+            if m == "no_dropout" or m == f"no_dropout_{name}":
+                drop = nn.Identity()
             if m == "pre_ln":
-                x = x + block(norm(x))
+                x = x + drop(block(norm(x)))
             elif m == f"no_residual_{name}":
-                x = norm(block(x))
+                x = norm(drop(block(x)))
+            elif m == "dropout_on_sum":
+                x = norm(drop(x + block(x)))
+            elif m == "dropout_after_norm":
+                x = drop(norm(x + block(x)))
             else:
-                x = norm(x + block(x))
+                x = norm(x + drop(block(x)))
         if m == "wrong_shape":
             return x[:, -1]  # only the last position
         return x
@@ -149,6 +194,18 @@ LAYER_MESSAGES = {
     "no_residual_ff": r"residual dropped around the feed-forward",
     "pre_ln": r"pre-LN instead of post-LN",
     "wrong_shape": r"Wrong output shape",
+    "norm1_everywhere": r"norm1 used for all three sublayers",
+    "norms_reversed": r"LayerNorms mixed up \(self-attention -> norm3, cross-attention -> norm2, "
+                      r"feed-forward -> norm1\)",
+    "norm2_for_ff": r"LayerNorms mixed up \(.*feed-forward -> norm2\)",
+    "no_dropout": r"training mode.*no dropout on the sublayer outputs",
+    "no_dropout_ff": r"training mode.*no dropout on the feed-forward's output",
+    "no_dropout_cross": r"training mode.*no dropout on the cross-attention's output",
+    "dropout_on_sum": r"training mode.*dropout applied to the residual sum",
+    "dropout_after_norm": r"training mode.*dropout applied after the LayerNorm",
+    "no_norm3": r"LayerNorm missing after the feed-forward \(norm3 not applied\)",
+    "stale_cross": r"cross-attention reads the layer's input x instead of the self-attention",
+    "dropout_always_on": r"dropout is active in eval mode",
 }
 
 
@@ -163,17 +220,49 @@ class IndependentDecoderLayer(nn.Module):
         self.cross_attn = MultiHeadAttention(d_model, num_heads, dropout)
         self.feed_forward = FeedForward(d_model, d_ff, dropout)
         self.norm1, self.norm2, self.norm3 = (nn.LayerNorm(d_model) for _ in range(3))
+        self.drop = nn.Dropout(dropout)
 
     def forward(self, x, memory, tgt_mask=None, memory_mask=None):
-        x = self.norm1(x + self.self_attn(x, x, x, tgt_mask))
-        x = self.norm2(x + self.cross_attn(x, memory, memory, memory_mask))
-        return self.norm3(x + self.feed_forward(x))
+        x = self.norm1(x + self.drop(self.self_attn(x, x, x, tgt_mask)))
+        x = self.norm2(x + self.drop(self.cross_attn(x, memory, memory, memory_mask)))
+        return self.norm3(x + self.drop(self.feed_forward(x)))
+
+
+class LoopDecoderLayer(nn.Module):
+    """Another correct style: the sublayers in a loop, F.dropout with a stored p."""
+
+    def __init__(self, d_model, num_heads, d_ff, dropout=0.0):
+        super().__init__()
+        from course_lib import FeedForward, MultiHeadAttention
+
+        self.self_attn = MultiHeadAttention(d_model, num_heads, dropout)
+        self.cross_attn = MultiHeadAttention(d_model, num_heads, dropout)
+        self.feed_forward = FeedForward(d_model, d_ff, dropout)
+        self.norm1, self.norm2, self.norm3 = (nn.LayerNorm(d_model) for _ in range(3))
+        self.p = dropout
+
+    def forward(self, x, memory, tgt_mask=None, memory_mask=None):
+        for sub, norm in ((lambda h: self.self_attn(h, h, h, tgt_mask), self.norm1),
+                          (lambda h: self.cross_attn(h, memory, memory, memory_mask), self.norm2),
+                          (self.feed_forward, self.norm3)):
+            x = norm(x + F.dropout(sub(x), self.p, self.training))
+        return x
 
 
 def test_check_decoder_layer_passes_correct(capsys):
     assert passes(check_decoder_layer, IndependentDecoderLayer)
-    assert "check_decoder_layer: all 3 cases match" in capsys.readouterr().out
+    assert "check_decoder_layer: all 4 cases match" in capsys.readouterr().out
     assert passes(check_decoder_layer, layer_with(None))
+    assert passes(check_decoder_layer, LoopDecoderLayer)
+
+
+def test_check_decoder_layer_says_when_course_lib_is_handed_in():
+    class Mine(DecoderLayer):
+        pass
+
+    for cls in (DecoderLayer, Mine):
+        with pytest.raises(AssertionError, match=r"You handed in course_lib's `DecoderLayer`"):
+            check_decoder_layer(cls)
 
 
 @pytest.mark.parametrize("mistake", sorted(LAYER_MESSAGES))

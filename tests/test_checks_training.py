@@ -15,7 +15,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from course_lib.checks import check_greedy_decode, check_label_smoothing, check_shift, check_smoothing_floor
+from course_lib.checks import (
+    check_greedy_decode, check_label_smoothing, check_shift, check_smoothing_floor, check_train_step,
+)
 from course_lib.masks import padding_mask
 
 
@@ -24,10 +26,13 @@ from course_lib.masks import padding_mask
 # ----------------------------------------------------------------------------------------------
 
 def make_loss(divisor=lambda V: V - 2, zero_pad_class=True, ignore_pad=True, mean_over="non-pad",
-              log_fn=lambda x: F.log_softmax(x, dim=-1), cross_entropy_style=False, transpose=False):
+              log_fn=lambda x: F.log_softmax(x, dim=-1), cross_entropy_style=False, transpose=False,
+              label="1 - eps", pad_fixed=None):
     """A learner's label-smoothing loss with the given choices."""
 
     def loss(logits, labels, pad_id, smoothing):
+        if pad_fixed is not None:
+            pad_id = pad_fixed  # hard-coded
         V = logits.size(-1)
         if transpose and logits.dim() == 3:
             logits = logits.transpose(0, 1)
@@ -37,7 +42,10 @@ def make_loss(divisor=lambda V: V - 2, zero_pad_class=True, ignore_pad=True, mea
             target = torch.full_like(logp, smoothing / V) + (1 - smoothing) * F.one_hot(labels, V)
         else:
             target = torch.full_like(logp, smoothing / divisor(V))
-            target[torch.arange(labels.numel()), labels] = 1 - smoothing
+            if label == "added":
+                target[torch.arange(labels.numel()), labels] += 1 - smoothing
+            else:
+                target[torch.arange(labels.numel()), labels] = 1.0 if label == 1.0 else 1 - smoothing
         if zero_pad_class:
             target[:, pad_id] = 0
         if ignore_pad:
@@ -47,6 +55,8 @@ def make_loss(divisor=lambda V: V - 2, zero_pad_class=True, ignore_pad=True, mea
             return total / (labels != pad_id).sum()
         if mean_over == "all":
             return total / labels.numel()
+        if mean_over == "classes too":
+            return total / V / (labels != pad_id).sum()
         return total
 
     return loss
@@ -57,11 +67,18 @@ def test_label_smoothing_correct_function_passes(capsys):
     assert "check_label_smoothing: all 4 cases match" in capsys.readouterr().out
 
 
-def test_label_smoothing_accepts_the_reference_class(capsys):
+def test_label_smoothing_says_when_course_lib_is_handed_in():
     from course_lib.training import LabelSmoothingLoss
 
-    assert passes(check_label_smoothing, LabelSmoothingLoss)
-    assert "Well done" in capsys.readouterr().out
+    class Mine(LabelSmoothingLoss):
+        pass
+
+    def wrapper(logits, labels, pad_id, smoothing):
+        return LabelSmoothingLoss(logits.size(-1), pad_id, smoothing)(logits, labels)
+
+    for handed_in in (LabelSmoothingLoss, Mine, wrapper):
+        with pytest.raises(AssertionError, match=r"You handed in course_lib's `LabelSmoothingLoss`"):
+            check_label_smoothing(handed_in)
 
 
 def test_label_smoothing_accepts_a_learner_class(capsys):
@@ -90,6 +107,12 @@ def test_label_smoothing_accepts_a_learner_class(capsys):
         (make_loss(log_fn=lambda x: x), "no log_softmax: you used the raw logits"),
         (make_loss(log_fn=lambda x: F.log_softmax(x, dim=1)), "wrong shape handling: log_softmax over the wrong axis"),
         (make_loss(transpose=True), "wrong shape handling: logits and labels flattened in different orders"),
+        (make_loss(zero_pad_class=False, ignore_pad=False),
+         "pad not zeroed: neither the pad column nor the pad-label rows"),
+        (make_loss(label=1.0), r"the label keeps 1 instead of 1 - eps"),
+        (make_loss(label="added"), r"the label gets 1 - eps on top of its share"),
+        (make_loss(mean_over="classes too"), "averaged over the classes too"),
+        (make_loss(pad_fixed=0), r"pad id hard-coded as 0"),
     ],
 )
 def test_label_smoothing_names_each_mistake(wrong, words):
@@ -264,6 +287,20 @@ def test_shift_names_each_mistake(wrong, words):
         check_shift(wrong)
 
 
+@pytest.mark.parametrize("wrong, words", [
+    (lambda tgt, sos: (torch.cat([sos_column(tgt, sos), tgt], 1), tgt),
+     r"Wrong shape.*tgt_in is \(3, 7\), expected \(3, 6\): the start symbol was put in front of the WHOLE"),
+    (lambda tgt, sos: (torch.cat([sos_column(tgt, sos), tgt], 1),
+                       torch.cat([tgt, torch.zeros_like(tgt[:, :1])], 1)),
+     r"Wrong shape.*tgt_in is \(3, 7\)"),
+    (lambda tgt, sos: (torch.cat([sos_column(tgt, sos), tgt[:, :-1]], 1), tgt[:, :-1]),
+     r"Wrong shape.*tgt_out is \(3, 5\), expected \(3, 6\)"),
+])
+def test_shift_wrong_shapes_are_named_before_values(wrong, words):
+    with pytest.raises(AssertionError, match=words):
+        check_shift(wrong)
+
+
 def test_shift_unimplemented_prints_friendly_line(capsys):
     def make_decoder_io(tgt, sos_id):
         raise NotImplementedError
@@ -316,12 +353,22 @@ def test_greedy_with_the_full_forward_pass_each_step_passes():
     assert passes(check_greedy_decode, decode)
 
 
-def test_greedy_solution_passes():
-    from course_lib.solutions import solution_source
+@pytest.mark.parametrize("where", ["both", "decode"])
+def test_greedy_inverted_source_mask_is_named(where):
+    words = r"source mask inverted \(True on the <pad> positions\)"
 
-    namespace = {}
-    exec(solution_source("06.greedy_src_mask"), {"torch": torch, "padding_mask": padding_mask}, namespace)
-    assert passes(check_greedy_decode, namespace["my_greedy_decode"])
+    @torch.no_grad()
+    def my_greedy_decode(model, src, max_len, start_id):
+        wrong = (src == model.config.pad_id).unsqueeze(1)  # True on padding: the opposite convention
+        memory = model.encode(src, wrong if where == "both" else padding_mask(src, 0))
+        ys = torch.full((src.size(0), 1), start_id, dtype=torch.long)
+        for _ in range(max_len):
+            next_id = model.generator(model.decode(ys, memory, wrong)[:, -1]).argmax(-1)
+            ys = torch.cat([ys, next_id[:, None]], dim=1)
+        return ys[:, 1:]
+
+    with pytest.raises(AssertionError, match=words):
+        check_greedy_decode(my_greedy_decode)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -367,3 +414,73 @@ def test_smoothing_floor_unimplemented_prints_friendly_line(capsys):
 
     assert check_smoothing_floor(predicted_floor) is None
     assert "`predicted_floor` is not implemented yet" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------------------------
+# the training step (the debug exercise)
+# ----------------------------------------------------------------------------------------------
+
+def make_step(zero="before", mode="train", decoder_input="tgt_in", labels="tgt_out", ret="item",
+              step=True, step_first=False):
+    """A learner's training step with the given choices."""
+
+    def train_step(model, batch, optimizer, loss_fn):
+        src, tgt_in, tgt_out = batch
+        named = {"tgt_in": tgt_in, "tgt_out": tgt_out}
+        if mode == "eval":
+            model.eval()
+        if zero == "before":
+            optimizer.zero_grad()
+        elif zero == "model":
+            model.zero_grad(set_to_none=False)
+        loss = loss_fn(model(src, named[decoder_input]), named[labels])
+        if step_first:
+            optimizer.step()
+        loss.backward()
+        if zero == "between":
+            optimizer.zero_grad()
+        if step and not step_first:
+            optimizer.step()
+        if zero == "after":
+            optimizer.zero_grad()
+        return {"item": loss.item(), "tensor": loss, "float": float(loss)}[ret]
+
+    return train_step
+
+
+def test_train_step_correct_styles_pass(capsys):
+    assert passes(check_train_step, make_step())
+    assert "check_train_step: all 3 steps match" in capsys.readouterr().out
+    for style in (make_step(zero="after"), make_step(zero="model"), make_step(ret="float")):
+        assert passes(check_train_step, style)
+
+
+def test_train_step_solution_passes():
+    from course_lib.solutions import solution_source
+
+    namespace = {}
+    exec(solution_source("06.train_step"), {"torch": torch}, namespace)
+    assert passes(check_train_step, namespace["train_step"])
+
+
+@pytest.mark.parametrize("wrong, words", [
+    (make_step(zero=None), r"step 2 of 3.*the gradients are never zeroed"),
+    (make_step(zero="between"), r"the weights never change"),
+    (make_step(step=False), r"the weights never change"),
+    (make_step(step_first=True), r"the weights never change"),
+    (make_step(mode="eval"), r"the step runs the model in eval mode: dropout is off"),
+    (make_step(decoder_input="tgt_out"), r"the decoder reads the labels"),
+    (make_step(labels="tgt_in"), r"the loss compares with the decoder input tgt_in"),
+    (make_step(ret="tensor"), r"returns the loss tensor, not a number"),
+])
+def test_train_step_names_each_mistake(wrong, words):
+    with pytest.raises(AssertionError, match=words):
+        check_train_step(wrong)
+
+
+def test_train_step_unimplemented_prints_friendly_line(capsys):
+    def train_step(model, batch, optimizer, loss_fn):
+        raise NotImplementedError
+
+    assert check_train_step(train_step) is None
+    assert "`train_step` is not implemented yet" in capsys.readouterr().out

@@ -4,7 +4,11 @@ debug."""
 
 from __future__ import annotations
 
+import inspect
+import itertools
+import types
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -24,6 +28,86 @@ __all__ = [
     "check_nan_positions",
     "check_next_word_logits",
 ]
+
+
+
+# --------------------------------------------------------------------------------------------------
+# Handing in course_lib's own function instead of writing one
+# --------------------------------------------------------------------------------------------------
+
+def _is_course_lib(obj: Any) -> bool:
+    """A course_lib module, class or function (not an instance: a learner may read `task.pad_id`)."""
+    if not (isinstance(obj, types.ModuleType) or inspect.isclass(obj) or inspect.isfunction(obj)
+            or inspect.ismethod(obj)):
+        return False
+    if isinstance(obj, types.ModuleType):
+        return obj.__name__.split(".")[0] == "course_lib"
+    module = getattr(obj, "__module__", None) or ""
+    return module.split(".")[0] == "course_lib"
+
+
+def _functions(candidate: Any) -> list[Any]:
+    """A function itself, or every method a class defines outside course_lib and torch."""
+    functions = []
+    if inspect.isclass(candidate):
+        for klass in candidate.__mro__:
+            if klass is object or _is_course_lib(klass) or klass.__module__.startswith("torch"):
+                continue
+            functions += [f for f in vars(klass).values() if inspect.isfunction(f)]
+    else:
+        functions.append(getattr(candidate, "__func__", candidate))
+    return functions
+
+
+def _code_objects(candidate: Any) -> list[tuple[types.CodeType, dict]]:
+    """The code of a function, or of every method of a class, with the globals it reads names from
+    (nested functions and lambdas included)."""
+    found = []
+    for f in _functions(candidate):
+        code, glob = getattr(f, "__code__", None), getattr(f, "__globals__", {})
+        stack = [code] if code is not None else []
+        while stack:
+            c = stack.pop()
+            found.append((c, glob))
+            stack += [k for k in c.co_consts if isinstance(k, types.CodeType)]
+    return found
+
+
+def course_lib_used(candidate: Any, references: tuple[Any, ...] = ()) -> str | None:
+    """The name of the course_lib object the learner handed in or calls, or None.
+
+    True for one of ``references`` itself, a subclass of a referenced class, anything defined in
+    course_lib, and a function whose code reads a course_lib object from its globals (for example
+    ``causal_mask`` imported from course_lib, or ``course_lib.masks.padding_mask``).
+    """
+    for ref in references:
+        if candidate is ref or (inspect.isclass(candidate) and inspect.isclass(ref)
+                                and issubclass(candidate, ref)):
+            return getattr(ref, "__name__", repr(ref))
+    if _is_course_lib(candidate):
+        return getattr(candidate, "__name__", repr(candidate))
+    for code, glob in _code_objects(candidate):
+        for name in code.co_freevars:  # a course_lib object from the enclosing function
+            for f in _functions(candidate):
+                if f.__code__ is code and f.__closure__:
+                    value = dict(zip(code.co_freevars, f.__closure__))[name]
+                    try:
+                        if _is_course_lib(value.cell_contents):
+                            return name
+                    except ValueError:  # an empty cell
+                        pass
+        for name in code.co_names:
+            if name in glob and _is_course_lib(glob[name]):
+                if isinstance(glob[name], types.ModuleType):  # course_lib.masks.causal_mask(...)
+                    modules = [glob[name]] + [getattr(glob[name], n) for n in code.co_names if
+                                              isinstance(getattr(glob[name], n, None), types.ModuleType)]
+                    for other in code.co_names:
+                        for module in modules:
+                            target = getattr(module, other, None)
+                            if callable(target) and _is_course_lib(target):
+                                return other
+                return name
+    return None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -103,6 +187,19 @@ def _mask_mistakes(shape: tuple[int, int, int]) -> list[Mistake]:
             mk(lambda ids, p: key_pad(ids, p) & causal(ids.size(1)).tril(-1)),
         ),
         Mistake(
+            "tril(diagonal=1): every position also sees the next one",
+            "`tril(diagonal=1)` keeps one diagonal above the main one, so query t sees key t + 1, "
+            "the very token it must predict. Use `tril()` (diagonal=0): keys s <= t.",
+            mk(lambda ids, p: key_pad(ids, p)
+               & torch.ones(ids.size(1), ids.size(1), dtype=torch.bool).tril(1)),
+        ),
+        Mistake(
+            "padding OR causal instead of AND",
+            "`|` lets a query see a key that passes EITHER test: every real future token (padding "
+            "test) and every past <pad> (causal test). A key must pass both: combine with `&`.",
+            mk(lambda ids, p: key_pad(ids, p) | causal(ids.size(1))),
+        ),
+        Mistake(
             "inverted mask (True where attention is forbidden)",
             "In this course True means 'may attend'. You built the opposite convention "
             "(the one of torch.nn.MultiheadAttention); negate it with `~`.",
@@ -124,6 +221,13 @@ def check_decoder_masks(fn: Callable[[torch.Tensor, int], torch.Tensor]) -> None
 
     Must equal ``course_lib.masks.decoder_self_attention_mask``: padding AND causal.
     """
+    used = course_lib_used(fn, (decoder_self_attention_mask, causal_mask, padding_mask))
+    if used is not None:
+        raise CheckFailure(
+            f"You handed in course_lib's `{used}` (or a function that calls it). This exercise asks "
+            "you to build the mask yourself with plain torch: `(tgt != pad_id).unsqueeze(1)` for "
+            "the keys that are real tokens, and `torch.tril` for the past, combined with `&`."
+        )
     cases = _mask_cases()
     for case, ids, pad_id in cases:
         B, L = ids.shape
@@ -158,10 +262,28 @@ def _variant(
     cross_first: bool = False,
     drop_residual: str | None = None,
     pre_ln: bool = False,
+    norms: tuple[int, int, int] = (0, 1, 2),
+    dropout: str = "sublayer",
+    no_dropout: tuple[str, ...] = (),
+    seed: int | None = None,
+    no_norm: str | None = None,
+    stale_cross_input: bool = False,
 ) -> Callable[..., torch.Tensor]:
-    """A (possibly wrong) decoder layer forward built from the reference's submodules."""
+    """A (possibly wrong) decoder layer forward built from the reference's submodules.
+
+    ``norms``: which of norm1..norm3 (0, 1, 2) each sublayer uses; ``dropout``: where the residual
+    dropout goes, "sublayer" (right: on the sublayer's output), "sum" (on x + sublayer(x)) or "after"
+    (after the norm); ``no_dropout``: sublayers ("self", "cross", "ff") without residual dropout;
+    ``seed``: reseed the global generator first, so dropout draws the learner's masks;
+    ``no_norm``: a sublayer whose LayerNorm is left out; ``stale_cross_input``: the cross-attention
+    reads the layer's input x, not the output of the self-attention sublayer.
+    """
+    all_norms = (ref.norm1, ref.norm2, ref.norm3)
+    drop = ref.dropout1  # the three residual dropouts have the same p
 
     def forward(x: torch.Tensor, memory: torch.Tensor, tgt_mask, memory_mask) -> torch.Tensor:
+        if seed is not None:
+            torch.manual_seed(seed)
         masks = {"tgt": tgt_mask, "memory": memory_mask, None: None}
 
         def self_block(h):
@@ -173,22 +295,57 @@ def _variant(
             return ref.cross_attn(q, kv, kv, masks[cross_mask])
 
         blocks = [
-            ("self", self_block, ref.norm1),
-            ("cross", cross_block, ref.norm2),
-            ("ff", ref.feed_forward, ref.norm3),
+            ("self", self_block, all_norms[norms[0]]),
+            ("cross", cross_block, all_norms[norms[1]]),
+            ("ff", ref.feed_forward, all_norms[norms[2]]),
         ]
         if cross_first:  # the sublayers in the wrong order; each keeps its own norm
             blocks[0], blocks[1] = blocks[1], blocks[0]
+        layer_input = x
         for name, block, norm in blocks:
+            d = (lambda t: t) if name in no_dropout else drop
+            if name == no_norm:
+                norm = (lambda t: t)
+            if stale_cross_input and name == "cross":
+                x = norm(x + d(cross_block(layer_input)))
+                continue
             if pre_ln:
-                x = x + block(norm(x))
+                x = x + d(block(norm(x)))
             elif drop_residual == name:
-                x = norm(block(x))
+                x = norm(d(block(x)))
+            elif dropout == "sum":
+                x = norm(d(x + block(x)))
+            elif dropout == "after":
+                x = d(norm(x + block(x)))
             else:
-                x = norm(x + block(x))
+                x = norm(x + d(block(x)))
         return x
 
     return forward
+
+
+_SUBLAYER_NAMES = ("self-attention", "cross-attention", "feed-forward")
+
+
+def _norm_mistakes(ref: DecoderLayer) -> list[Mistake]:
+    """Every way of giving the three sublayers the wrong LayerNorms (one norm for all, permuted)."""
+    mistakes = []
+    for order in itertools.product(range(3), repeat=3):
+        if order == (0, 1, 2):
+            continue
+        if len(set(order)) == 1:
+            name = f"norm{order[0] + 1} used for all three sublayers"
+        else:
+            used = ", ".join(f"{s} -> norm{i + 1}" for s, i in zip(_SUBLAYER_NAMES, order))
+            name = f"LayerNorms mixed up ({used})"
+        mistakes.append(Mistake(
+            name,
+            "Each sublayer has its own LayerNorm with its own weights: the self-attention's sum "
+            "goes through norm1, the cross-attention's through norm2, the feed-forward's through "
+            "norm3.",
+            _variant(ref, norms=order),
+        ))
+    return mistakes
 
 
 def _layer_mistakes(ref: DecoderLayer) -> list[Mistake]:
@@ -251,7 +408,40 @@ def _layer_mistakes(ref: DecoderLayer) -> list[Mistake]:
             "`x = x + sublayer(norm(x))`.",
             _variant(ref, pre_ln=True),
         ),
+        *_norm_mistakes(ref),
+        Mistake(
+            "cross-attention reads the layer's input x instead of the self-attention sublayer's "
+            "output",
+            "The sublayers run in sequence: update x after each one (x = norm1(...)), and give the "
+            "UPDATED x to the cross-attention as its query.",
+            _variant(ref, stale_cross_input=True),
+        ),
+        *[Mistake(f"LayerNorm missing after the {label} (norm{i + 1} not applied)",
+                  "Post-LN normalises after EVERY residual sum: x = norm(x + sublayer(x)), three "
+                  "times.", _variant(ref, no_norm=name))
+          for i, (name, label) in enumerate(zip(("self", "cross", "ff"), _SUBLAYER_NAMES))],
     ]
+
+
+def _dropout_mistakes(ref: DecoderLayer, seed: int) -> list[Mistake]:
+    """Where the residual dropout goes, in training mode (the global generator reseeded first)."""
+    where_hint = (
+        "Dropout goes on each sublayer's OUTPUT, before it is added to x: "
+        "`x = norm(x + self.dropout(sublayer(x)))` (the paper, section 5.4: 'to the output of each "
+        "sub-layer, before it is added to the sub-layer input and normalized')."
+    )
+    mistakes = [
+        Mistake("no dropout on the sublayer outputs (residual dropout missing)", where_hint,
+                _variant(ref, no_dropout=("self", "cross", "ff"), seed=seed)),
+        Mistake("dropout applied to the residual sum x + sublayer(x) instead of the sublayer output",
+                where_hint, _variant(ref, dropout="sum", seed=seed)),
+        Mistake("dropout applied after the LayerNorm instead of to the sublayer output",
+                where_hint, _variant(ref, dropout="after", seed=seed)),
+    ]
+    for i, name in enumerate(("self", "cross", "ff")):
+        mistakes.append(Mistake(f"no dropout on the {_SUBLAYER_NAMES[i]}'s output", where_hint,
+                                _variant(ref, no_dropout=(name,), seed=seed)))
+    return mistakes
 
 
 def _layer_cases() -> list[tuple[str, int, int, int]]:
@@ -260,25 +450,31 @@ def _layer_cases() -> list[tuple[str, int, int, int]]:
         ("L_t == L_s, both masks", 2, 5, 5),
         ("L_t=4 != L_s=7, both masks", 3, 4, 7),
         ("masks None", 2, 3, 6),
+        ("training mode, dropout 0.3 (residual dropout only), both masks", 2, 4, 6),
     ]
 
 
 def _run_layer(mine: nn.Module, x: torch.Tensor, memory: torch.Tensor, tgt_mask, memory_mask,
-               case: str):
+               case: str, seed: int | None = None):
     """Run the learner's layer; if the 3-D masks make it crash, try them as 4-D (B, 1, L_q, L_k).
 
     Any mask rank ``MultiHeadAttention`` accepts is correct, so a layer written for 4-D masks (for
-    example around ``F.scaled_dot_product_attention``) passes too.
+    example around ``F.scaled_dot_product_attention``) passes too. ``seed`` reseeds the global
+    generator before each attempt (dropout in training mode).
     """
     hint = ("If it is a shape error in cross-attention, check that keys and values come from "
             "memory "
             "and the query from x.")
+    if seed is not None:
+        torch.manual_seed(seed)
     try:
         return run_learner(mine, x.clone(), memory.clone(), tgt_mask, memory_mask, case=case,
                            hint=hint)
     except CheckFailure as first:
         if tgt_mask is None or tgt_mask.dim() != 3:
             raise
+        if seed is not None:
+            torch.manual_seed(seed)
         try:
             return run_learner(mine, x.clone(), memory.clone(), tgt_mask.unsqueeze(1),
                                memory_mask.unsqueeze(1),
@@ -287,27 +483,57 @@ def _run_layer(mine: nn.Module, x: torch.Tensor, memory: torch.Tensor, tgt_mask,
             raise CheckFailure(f"{first} (The same masks as 4-D (B, 1, L_q, L_k) failed too.)")
 
 
+def _randomise_norms(layer: nn.Module, g: torch.Generator) -> None:
+    """LayerNorm weights and biases away from their init (ones, zeros) and different per norm, so
+    that using the wrong norm changes the output."""
+    with torch.no_grad():
+        for norm in (layer.norm1, layer.norm2, layer.norm3):
+            norm.weight.copy_(0.5 + torch.rand(norm.weight.shape, generator=g))
+            norm.bias.copy_(0.5 * torch.randn(norm.bias.shape, generator=g))
+
+
+def _attention_dropout_off(layer: nn.Module) -> None:
+    """p = 0 for the dropouts inside the attention and feed-forward submodules: the training case
+    then tests the residual dropout that the learner writes in forward, whatever attention the
+    learner's submodules use."""
+    for name in ("self_attn", "cross_attn", "feed_forward"):
+        for module in getattr(layer, name).modules():
+            if isinstance(module, nn.Dropout):
+                module.p = 0.0
+
+
 @checker
 def check_decoder_layer(cls: type[nn.Module]) -> None:
     """``cls(d_model, num_heads, d_ff, dropout=0.0)``,
     ``forward(x, memory, tgt_mask=None, memory_mask=None)``.
 
-    Compared with ``course_lib.DecoderLayer`` (post-LN) after copying its weights into yours.
+    Compared with ``course_lib.DecoderLayer`` (post-LN) after copying its weights into yours, the
+    LayerNorms randomised; the last case runs in training mode with dropout.
     """
+    if inspect.isclass(cls) and issubclass(cls, DecoderLayer) and cls.forward is DecoderLayer.forward:
+        raise CheckFailure("You handed in course_lib's `DecoderLayer` (or a subclass that keeps its "
+                           "forward). Write the forward of `MyDecoderLayer` yourself.")
     d_model, num_heads, d_ff = 16, 4, 32
     cases = _layer_cases()
     for i, (case, B, L_t, L_s) in enumerate(cases):
+        training = case.startswith("training")
+        p = 0.3 if training else 0.0
         torch.manual_seed(100 + i)
-        mine = cls(d_model, num_heads, d_ff, dropout=0.0)
-        ref = DecoderLayer(d_model, num_heads, d_ff, dropout=0.0)
+        mine = cls(d_model, num_heads, d_ff, dropout=p)
+        ref = DecoderLayer(d_model, num_heads, d_ff, dropout=p)
+        g = torch.Generator().manual_seed(300 + i)
+        _randomise_norms(ref, g)
         load_reference_weights(
             mine, ref.state_dict(), "Your decoder layer",
             "Name the submodules self_attn, cross_attn (MultiHeadAttention), feed_forward "
             "(FeedForward with "
             "linear1/linear2), norm1, norm2, norm3.",
         )
-        mine.eval()
-        ref.eval()
+        if training:
+            _attention_dropout_off(mine)
+            _attention_dropout_off(ref)
+        mine.train(training)
+        ref.train(training)
         g = torch.Generator().manual_seed(200 + i)
         x = torch.randn(B, L_t, d_model, generator=g)
         memory = torch.randn(B, L_s, d_model, generator=g)
@@ -321,16 +547,32 @@ def check_decoder_layer(cls: type[nn.Module]) -> None:
             tgt_mask = decoder_self_attention_mask(tgt, 0)  # (B, L_t, L_t)
             memory_mask = padding_mask(src, 0)  # (B, 1, L_s)
         inputs = (x, memory, tgt_mask, memory_mask)
+        seed = 400 + i
         with torch.no_grad():
             got = _run_layer(mine, x, memory, tgt_mask, memory_mask,
-                             f"{case}, x {tuple(x.shape)}, memory {tuple(memory.shape)}")
+                             f"{case}, x {tuple(x.shape)}, memory {tuple(memory.shape)}",
+                             seed=seed if training else None)
             expect_shape(
                 got, (B, L_t, d_model), f"DecoderLayer output ({case})",
                 "A decoder layer returns one vector per target position: (B, L_t, d_model), like "
                 "x.",
             )
-            expected = ref(x, memory, tgt_mask, memory_mask)
-            compare(got, expected, inputs, _layer_mistakes(ref), case)
+            if not training:
+                again = _run_layer(mine, x, memory, tgt_mask, memory_mask, case)
+                if not torch.equal(got, again):
+                    raise CheckFailure(
+                        f"Likely mistake ({case}): dropout is active in eval mode (two runs of "
+                        "the same input differ after .eval()). nn.Dropout follows model.eval() "
+                        "by itself; F.dropout(x, p) does not: pass training=self.training, or "
+                        "use the nn.Dropout module.")
+            if training:
+                torch.manual_seed(seed)
+                expected = ref(x, memory, tgt_mask, memory_mask)
+                mistakes = _dropout_mistakes(ref, seed)
+            else:
+                expected = ref(x, memory, tgt_mask, memory_mask)
+                mistakes = _layer_mistakes(ref)
+            compare(got, expected, inputs, mistakes, case)
     passed("check_decoder_layer", len(cases))
 
 
@@ -489,7 +731,8 @@ def check_next_word_logits(fn: Callable) -> None:
     mistakes = [
         Mistake("the source mask is missing in decode (cross-attention sees the <pad> sources)",
                 "Pass the mask you gave encode to decode as well: model.decode(tgt, memory, "
-                "src_mask). "
+                "src_mask). For decode, None means 'no mask at all', not 'the padding mask' (only "
+                "encode builds the padding mask when it gets None). "
                 "Cross-attention's keys are the source positions, and without the mask every "
                 "target position "
                 "attends to the encoder's <pad> vectors.",

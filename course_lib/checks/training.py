@@ -12,6 +12,8 @@
   ``LabelSmoothingLoss(V=11, pad_id=0, smoothing=0.1)`` (a "predict, then run" question).
 * ``check_shift(fn)``: ``fn(tgt (B, L), sos_id) -> (tgt_in, tgt_out)``, both ``(B, L)``: decoder input
   ``<sos> + tgt[:, :-1]`` and labels ``tgt`` (what ``CopyTask.make_batch`` does).
+* ``check_train_step(fn)``: ``fn(model, (src, tgt_in, tgt_out), optimizer, loss_fn) -> float``, one
+  training step (the lesson's debug exercise: the buggy step never zeroes the gradients).
 """
 
 from __future__ import annotations
@@ -28,8 +30,12 @@ from ..masks import padding_mask
 from ..model import Transformer, TransformerConfig
 from ..training import LabelSmoothingLoss
 from ._common import CheckFailure, Mistake, checker, compare, expect_shape, passed, run_learner
+from .decoder import course_lib_used
 
-__all__ = ["check_label_smoothing", "check_greedy_decode", "check_shift", "check_smoothing_floor"]
+__all__ = [
+    "check_label_smoothing", "check_greedy_decode", "check_shift", "check_smoothing_floor",
+    "check_train_step",
+]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -49,6 +55,8 @@ def _smoothed_loss(
     softmax_dim: int = -1,
     flatten: str = "same",
     kl: bool = False,
+    label_mass: str = "1-eps",
+    class_mean: bool = False,
 ) -> torch.Tensor:
     """Label-smoothed cross-entropy with one thing changed, to reproduce a learner's likely mistake.
 
@@ -56,7 +64,9 @@ def _smoothed_loss(
     the label gets ``1 - eps + eps/V``, nn.CrossEntropyLoss's convention); ``denominator``: "non-pad", "all"
     (every position) or "none" (a sum); ``log_probs``: "log_softmax", "softmax" (probabilities) or
     "logits" (raw scores); ``flatten``: "same", or "transposed" (logits flattened position-major);
-    ``kl``: the KL divergence sum q (log q - log p) instead of the cross-entropy.
+    ``kl``: the KL divergence sum q (log q - log p) instead of the cross-entropy; ``label_mass``:
+    "1-eps" (right), "1" (the label keeps 1, so the row sums to more than 1) or "added" (the label
+    gets 1 - eps on top of its share of eps); ``class_mean``: also divided by V (a mean over classes).
     """
     V = logits.size(-1)
     scores = logits
@@ -72,8 +82,10 @@ def _smoothed_loss(
     target = torch.full_like(scores, eps / divisor)
     if spread == "V, label too":
         target += F.one_hot(labels, V).to(scores.dtype) * (1.0 - eps)  # nn.CrossEntropyLoss: eps/V everywhere
+    elif label_mass == "added":
+        target += F.one_hot(labels, V).to(scores.dtype) * (1.0 - eps)
     else:
-        target.scatter_(1, labels.unsqueeze(1), 1.0 - eps)
+        target.scatter_(1, labels.unsqueeze(1), 1.0 if label_mass == "1" else 1.0 - eps)
     if zero_pad_class:
         target[:, pad_id] = 0.0
     if ignore_pad_rows:
@@ -81,6 +93,8 @@ def _smoothed_loss(
     total = -(target * scores).sum()
     if kl:  # + sum q log q (0 log 0 = 0): the Annotated Transformer's nn.KLDivLoss
         total = total + torch.xlogy(target, target).sum()
+    if class_mean:
+        total = total / V
     if denominator == "non-pad":
         return total / (labels != pad_id).sum()
     if denominator == "all":
@@ -118,7 +132,28 @@ def _label_smoothing_mistakes() -> list[Mistake]:
         "Flatten both with reshape: logits.reshape(-1, V) and labels.reshape(-1), so row i of the logits "
         "still belongs to label i. Do not transpose one of them first."
     )
+    not_zeroed_hint = (
+        "<pad> must get nothing twice over: set the pad column to 0 (target[:, pad_id] = 0: the "
+        "model should never predict <pad>) and the rows whose label is <pad> to 0 (target[labels == "
+        "pad_id] = 0: those positions are not tokens to predict)."
+    )
     return [
+        m("pad not zeroed: neither the pad column nor the pad-label rows of the target are 0",
+          not_zeroed_hint, zero_pad_class=False, ignore_pad_rows=False),
+        m("pad not zeroed: neither the pad column nor the pad-label rows of the target are 0",
+          not_zeroed_hint, zero_pad_class=False, ignore_pad_rows=False, denominator="all"),
+        Mistake("pad id hard-coded as 0 (pad_id not used)",
+                "Use the pad_id argument wherever <pad> is meant; the checker also tries pad_id=2.",
+                lambda lg, lb, pad, eps: _smoothed_loss(lg, lb, 0, eps)),
+        m("the label keeps 1 instead of 1 - eps (the target row sums to more than 1)",
+          "Smoothing MOVES eps from the label to the other classes: the label gets 1 - eps, so that "
+          "the row still sums to 1.", label_mass="1"),
+        m("the label gets 1 - eps on top of its share eps/(V-2) (the row sums to more than 1)",
+          "Fill with eps / (V - 2) and then SET the label's entry to 1 - eps (scatter_), rather than "
+          "adding 1 - eps to it.", label_mass="added"),
+        m("averaged over the classes too (a mean over V where a sum belongs)",
+          "The cross-entropy of one token is a SUM over the classes, -sum_v q(v) log p(v); average "
+          "only over the non-pad tokens.", class_mean=True),
         m("pad positions not ignored (pad labels still contribute to the loss)", pad_hint, ignore_pad_rows=False),
         m("pad positions not ignored (pad labels still contribute to the loss)", pad_hint,
           ignore_pad_rows=False, denominator="all"),
@@ -184,6 +219,13 @@ def _label_smoothing_runner(candidate: Any) -> Callable[[torch.Tensor, torch.Ten
 def check_label_smoothing(candidate: Any) -> None:
     """Check a label-smoothed loss, ``fn(logits, labels, pad_id, smoothing)`` or
     ``cls(vocab_size, pad_id, smoothing)(logits, labels)``, against ``course_lib.LabelSmoothingLoss``."""
+    used = course_lib_used(candidate, (LabelSmoothingLoss,))
+    if used is not None:
+        raise CheckFailure(
+            f"You handed in course_lib's `{used}` (or code that calls it). Write the loss yourself: "
+            "build the (N, V) target rows, take F.log_softmax(logits, dim=-1), and divide the sum of "
+            "-target * log_probs by the number of non-pad labels."
+        )
     run = _label_smoothing_runner(candidate)
     mistakes = _label_smoothing_mistakes()
     cases = _label_smoothing_cases()
@@ -223,13 +265,16 @@ def _decode_variant(
     steps: int | None = None,
     keep_start: bool = False,
     decode_mask: bool = True,
+    invert_mask: str | None = None,
 ) -> torch.Tensor:
     """Greedy decoding with one thing changed. ``feed``: "prefix" or "last" (only the newest token);
     ``pick``: "last" (correct), "first" (first position's logits) or "axis" (argmax over positions);
     ``decode_mask=False``: the source mask is used to encode but not passed to ``model.decode``."""
     with torch.no_grad():
         src_mask = padding_mask(src, model.config.pad_id)
-        memory = model.encode(src, src_mask)
+        memory = model.encode(src, ~src_mask if invert_mask == "both" else src_mask)
+        if invert_mask:  # True where the source IS padding: the opposite convention
+            src_mask = ~src_mask
         ys = torch.full((src.size(0), 1), start_id, dtype=torch.long)
         for _ in range(max_len if steps is None else steps):
             inp = ys if feed == "prefix" else ys[:, -1:]
@@ -254,6 +299,14 @@ def _greedy_mistakes() -> list[Mistake]:
           "The encoder used the mask, but at every step cross-attention must hide the <pad> positions of "
           "the memory too: model.decode(ys, memory, src_mask) with src_mask = padding_mask(src, pad_id). "
           "Without it, a row's output changes with the amount of padding after it.", decode_mask=False),
+        m("source mask inverted (True on the <pad> positions)",
+          "In this course True means 'may attend': padding_mask(src, pad_id) = (src != pad_id)"
+          ".unsqueeze(1). A mask built as src == pad_id hides every real source token.",
+          invert_mask="both"),
+        m("source mask inverted (True on the <pad> positions)",
+          "In this course True means 'may attend': pass decode the same mask as encode, "
+          "padding_mask(src, pad_id) = (src != pad_id).unsqueeze(1), not its negation.",
+          invert_mask="decode"),
         m("start symbol included in the output", start_hint, keep_start=True),
         Mistake("start symbol included in the output (and the last token dropped to keep the length)", start_hint,
                 lambda model, src, n, s: _decode_variant(model, src, n, s, keep_start=True)[:, :n]),
@@ -375,6 +428,35 @@ def _shift_mistakes() -> list[Mistake]:
     ]
 
 
+def _shift_shapes_first(got: tuple, expected: tuple, inputs: tuple, mistakes: list[Mistake],
+                        case: str) -> None:
+    """Shapes before values: a known mistake is named, otherwise the wrong shape is."""
+    B, L = expected[1].shape
+    for what, tensor in zip(("tgt_in", "tgt_out"), got):
+        if not isinstance(tensor, torch.Tensor):
+            raise CheckFailure(f"Wrong type ({case}): {what} should be a torch.Tensor, got "
+                               f"{type(tensor).__name__}.")
+    if all(t.shape == e.shape for t, e in zip(got, expected)):
+        return
+    for mistake in mistakes:  # a known mistake is named first
+        try:
+            wrong = mistake.compute(*inputs)
+        except Exception:
+            continue
+        if all(g.shape == w.shape and torch.equal(g, w) for g, w in zip(got, wrong)):
+            raise CheckFailure(f"Likely mistake ({case}): {mistake.name}. {mistake.hint}")
+    for what, tensor in zip(("tgt_in", "tgt_out"), got):
+        if tensor.shape == (B, L + 1) and what == "tgt_in":
+            raise CheckFailure(
+                f"Wrong shape ({case}): tgt_in is {tuple(tensor.shape)}, expected {(B, L)}: the "
+                "start symbol was put in front of the WHOLE target. Drop the last token when you "
+                "shift: torch.cat([sos_column, tgt[:, :-1]], dim=1).")
+        if tensor.shape != (B, L):
+            raise CheckFailure(
+                f"Wrong shape ({case}): {what} is {tuple(tensor.shape)}, expected {(B, L)}, the "
+                "shape of tgt. Both the decoder input and the labels have one entry per position.")
+
+
 @checker
 def check_shift(fn: Callable[..., Any]) -> None:
     """Check ``fn(tgt (B, L), sos_id) -> (tgt_in, tgt_out)`` against ``CopyTask.make_batch``'s shift."""
@@ -392,6 +474,7 @@ def check_shift(fn: Callable[..., Any]) -> None:
             raise CheckFailure(f"Return a pair (tgt_in, tgt_out); got {type(got).__name__} ({case}).")
         sos = torch.full((tgt.size(0), 1), sos_id, dtype=tgt.dtype)
         expected = (torch.cat([sos, tgt[:, :-1]], dim=1), tgt.clone())
+        _shift_shapes_first(tuple(got), expected, (tgt, sos_id), mistakes, case)
         compare(tuple(got), expected, (tgt, sos_id), mistakes, case, atol=0)
     passed("check_shift", len(cases))
 
@@ -445,3 +528,133 @@ def check_smoothing_floor(fn: Callable[[], Any]) -> None:
             raise CheckFailure(f"Not quite: you predicted {got:.3f}, the floor is {truth:.3f}. Likely mistake: "
                                f"{reason}. {why}")
     raise CheckFailure(f"Not quite: you predicted {got:.3f}, the floor is {truth:.3f} (give three decimals). {why}")
+
+
+# ----------------------------------------------------------------------------------------------
+# check_train_step (debug: a training step that stalls)
+# ----------------------------------------------------------------------------------------------
+
+def _step_variant(kind: str) -> Callable[..., float]:
+    """One training step, right (kind "right") or with one mistake."""
+
+    def step(model: torch.nn.Module, batch: tuple, optimizer: torch.optim.Optimizer,
+             loss_fn: Callable[..., torch.Tensor]) -> float:
+        src, tgt_in, tgt_out = batch
+        if kind == "eval":
+            model.eval()
+        if kind != "never_zeroed":
+            optimizer.zero_grad(set_to_none=True)
+        decoder_input = tgt_out if kind == "reads_labels" else tgt_in
+        labels = tgt_in if kind == "labels_are_inputs" else tgt_out
+        loss = loss_fn(model(src, decoder_input), labels)
+        loss.backward()
+        if kind == "cleared_before_step":
+            optimizer.zero_grad(set_to_none=True)
+        optimizer.step()
+        if kind == "eval":
+            model.train()
+        return loss.item()
+
+    return step
+
+
+_STEP_MISTAKES = [
+    ("never_zeroed",
+     "the gradients are never zeroed: every step adds its batch's gradients to those of all "
+     "earlier steps",
+     "loss.backward() ADDS to each parameter's .grad. Clear them once per step, before backward: "
+     "optimizer.zero_grad() (or model.zero_grad()). Otherwise step k updates with the sum of k "
+     "batches' gradients, most of them computed for weights that no longer exist."),
+    ("cleared_before_step",
+     "the weights never change (optimizer.step() missing, or run before backward(), or the "
+     "gradients cleared between backward() and step())",
+     "The order is zero_grad, forward, loss, backward, step: optimizer.step() must come after "
+     "loss.backward() with nothing clearing the gradients in between, or it finds no gradients "
+     "and updates nothing."),
+    ("eval",
+     "the step runs the model in eval mode: dropout is off while training",
+     "Training steps run in training mode (model.train()); eval mode is for measuring."),
+    ("reads_labels",
+     "the decoder reads the labels: model(src, tgt_out) instead of model(src, tgt_in)",
+     "The decoder input is tgt_in (<sos> + the target shifted right); tgt_out are the labels."),
+    ("labels_are_inputs",
+     "the loss compares with the decoder input tgt_in instead of the labels tgt_out",
+     "Score each position on the NEXT token: loss_fn(logits, tgt_out)."),
+]
+
+
+def _train_step_setup(seed: int = 16) -> tuple:
+    """A small model with dropout, its Adam optimizer, a loss and three batches of padded data."""
+    torch.manual_seed(seed)
+    cfg = TransformerConfig(src_vocab_size=11, tgt_vocab_size=11, d_model=16, num_heads=2,
+                            num_encoder_layers=1, num_decoder_layers=1, d_ff=32, max_len=16,
+                            dropout=0.1, pad_id=0)
+    model = Transformer(cfg).train()
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    loss_fn = LabelSmoothingLoss(11, 0, 0.0)
+    g = torch.Generator().manual_seed(seed)
+    batches = []
+    for lengths in ([6, 4, 5], [3, 6, 6], [6, 2, 5]):
+        tgt = torch.randint(2, 11, (3, 6), generator=g)
+        tgt = tgt.masked_fill(torch.arange(6) >= torch.tensor(lengths)[:, None], 0)
+        tgt_in = torch.cat([torch.ones(3, 1, dtype=torch.long), tgt[:, :-1]], dim=1)
+        batches.append((tgt.clone(), tgt_in, tgt))
+    return model, optimizer, loss_fn, batches
+
+
+def _trajectory(step_fn: Callable[..., Any], num_steps: int, learner: bool = False
+                ) -> list[tuple[Any, list[torch.Tensor]]]:
+    """(returned loss, parameters after the step) for each of ``num_steps`` steps."""
+    model, optimizer, loss_fn, batches = _train_step_setup()
+    out = []
+    for k in range(num_steps):
+        torch.manual_seed(1000 + k)  # the same dropout masks for every candidate
+        batch = tuple(t.clone() for t in batches[k])
+        if learner:
+            loss = run_learner(step_fn, model, batch, optimizer, loss_fn, case=f"step {k + 1}",
+                               hint="The step is: forward, loss, backward, optimizer.step(); "
+                                    "return loss.item().")
+        else:
+            loss = step_fn(model, batch, optimizer, loss_fn)
+        out.append((loss, [p.detach().clone() for p in model.parameters()]))
+    return out
+
+
+def _same_step(a: tuple[Any, list[torch.Tensor]], b: tuple[Any, list[torch.Tensor]]) -> bool:
+    (loss_a, params_a), (loss_b, params_b) = a, b
+    return (abs(float(loss_a) - float(loss_b)) <= 1e-5 * max(1.0, abs(float(loss_b)))
+            and all(torch.allclose(p, q, atol=1e-6, rtol=1e-5) for p, q in zip(params_a, params_b)))
+
+
+@checker
+def check_train_step(fn: Callable[..., Any]) -> None:
+    """Debug: ``fn(model, (src, tgt_in, tgt_out), optimizer, loss_fn) -> float``, one training
+    step. Three steps on a small model with dropout (training mode), Adam, padded batches; the
+    returned losses and the weights after each step must match a correct step's."""
+    num_steps = 3
+    got = _trajectory(fn, num_steps, learner=True)
+    for k, (loss, _) in enumerate(got):
+        if isinstance(loss, torch.Tensor):
+            raise CheckFailure(
+                f"Likely mistake (step {k + 1}): the step returns the loss tensor, not a number. "
+                "Return loss.item(): a plain float, which does not keep the step's graph alive "
+                "(pitfall 2 of this lesson).")
+        if isinstance(loss, bool) or not isinstance(loss, (float, int)):
+            raise CheckFailure(f"Return the step's loss as a float (loss.item()), got "
+                               f"{type(loss).__name__} (step {k + 1}).")
+    expected = _trajectory(_step_variant("right"), num_steps)
+    for k in range(num_steps):
+        if _same_step(got[k], expected[k]):
+            continue
+        case = f"step {k + 1} of {num_steps}, a model with dropout in training mode"
+        for kind, name, hint in _STEP_MISTAKES:
+            if _same_step(got[k], _trajectory(_step_variant(kind), k + 1)[k]):
+                raise CheckFailure(f"Likely mistake ({case}): {name}. {hint}")
+        loss_ok = abs(float(got[k][0]) - float(expected[k][0])) <= 1e-5 * max(1.0, float(expected[k][0]))
+        what = ("the loss is right but the weights after the update differ" if loss_ok else
+                f"the returned loss is {float(got[k][0]):.4f}, expected {float(expected[k][0]):.4f}")
+        raise CheckFailure(f"Output differs from a correct training step ({case}): {what}. None of "
+                           "the usual mistakes explains it; compare your step with the order "
+                           "zero_grad, forward, loss, backward, step.")
+    print(f"check_train_step: all {num_steps} steps match a correct training step (the losses "
+          "and the weights after each update). Well done!")

@@ -7,7 +7,6 @@ import math
 import torch
 import torch.nn.functional as F
 
-from course_lib.masks import padding_mask
 
 # %% solution 06.shift
 def make_decoder_io(tgt: torch.Tensor, sos_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -40,15 +39,13 @@ def predicted_floor() -> float:
     share = eps / other_classes
     return -((1 - eps) * math.log(1 - eps) + other_classes * share * math.log(share))
 
-# %% solution 06.greedy_src_mask
-@torch.no_grad()
-def my_greedy_decode(model, src: torch.Tensor, max_len: int, start_id: int) -> torch.Tensor:
-    """src (B, L_s) -> (B, max_len) generated ids, without the start symbol."""
-    src_mask = padding_mask(src, model.config.pad_id)                         # (B, 1, L_s)
-    memory = model.encode(src, src_mask)                                      # (B, L_s, d_model)
-    ys = torch.full((src.size(0), 1), start_id, dtype=torch.long)             # (B, 1)
-    for _ in range(max_len):
-        hidden = model.decode(ys, memory, src_mask)     # fixed: cross-attention hides the padding
-        next_id = model.generator(hidden[:, -1]).argmax(dim=-1)               # (B,)
-        ys = torch.cat([ys, next_id.unsqueeze(1)], dim=1)                     # (B, t + 1)
-    return ys[:, 1:]
+# %% solution 06.train_step
+def train_step(model, batch, optimizer, loss_fn):
+    """One training step on batch = (src, tgt_in, tgt_out); returns the loss (a float)."""
+    src, tgt_in, tgt_out = batch
+    optimizer.zero_grad()                       # the fix: backward() ADDS to .grad, so clear it
+    logits = model(src, tgt_in)                 # (B, L, V): teacher forcing
+    loss = loss_fn(logits, tgt_out)             # scalar, mean over non-pad labels
+    loss.backward()                             # the gradients of this batch only
+    optimizer.step()                            # update the weights
+    return loss.item()

@@ -46,7 +46,7 @@ def step_ms(
     memory = model.encode(src)
     tgt = torch.randint(3, model.config.tgt_vocab_size, (batch, prefix))
     if use_cache:  # fill the cache with prefix-1 positions, then time the step for the last one
-        cache = model.start_cache(memory)
+        cache = model.start_cache(memory, None)  # the sources have no padding
         for t in range(prefix - 1):
             model.decode_step(tgt[:, t], cache)
 
@@ -59,7 +59,7 @@ def step_ms(
     else:
 
         def one_step() -> None:
-            model.generator(model.decode(tgt, memory)[:, -1])
+            model.generator(model.decode(tgt, memory, None)[:, -1])
 
     one_step()  # warm-up
     return 1000 * _seconds(one_step, repeats)

@@ -13,6 +13,18 @@ Conventions shared by the three functions:
   produced ``end_id``, every later position of that row is ``end_id`` too, and the loop stops as
   soon as every row has finished.
 * Put the model in eval mode first (dropout would make every decoding random).
+* Which tokens can be generated: ``beam_search`` and ``sample`` never generate ``<pad>``
+  (``model.config.pad_id``) or the start symbol ``start_id``; their logits are set to ``-inf``
+  (unless one of them is ``end_id``). Neither is ever a right output, yet sampling can draw them
+  (with the small probability an imperfect model gives them) and a beam can keep them as
+  runners-up. ``greedy_decode`` takes the plain argmax over the whole vocabulary, the definition
+  that lessons 06 and 08 build their own loops and checkers on (and that the one-pass exact match
+  of ``course_lib.training`` relies on); a trained model never puts <pad> or <sos> first, so the
+  two agree there, and ``beam_size=1`` / ``top_k=1`` equal greedy decoding whenever its argmax is
+  neither.
+* Ties: ``argmax`` takes the lowest id among equal logits, and so do ``filter_logits``'s top-k
+  and top-p (a stable sort: among equal logits the lower id ranks first), so ``top_k=1`` keeps
+  exactly the token greedy decoding takes. (``torch.topk`` gives no such promise.)
 """
 
 from __future__ import annotations
@@ -62,6 +74,18 @@ def _source(model, src: torch.Tensor, src_mask: torch.Tensor | None, where: str)
     return model.encode(src, src_mask), src_mask
 
 
+def _forbidden_ids(model, start_id: int, end_id: int | None, where: str) -> list[int]:
+    """Ids that ``beam_search`` and ``sample`` never generate: <pad> and the start symbol."""
+    pad_id = getattr(model.config, "pad_id", None)
+    ids = sorted({i for i in (pad_id, start_id) if i is not None and i != end_id})
+    if len(ids) >= model.config.tgt_vocab_size:
+        raise ValueError(
+            f"{where}: the target vocabulary ({model.config.tgt_vocab_size} ids) has no token "
+            f"besides <pad> and the start symbol {ids}"
+        )
+    return ids
+
+
 def _finish(next_id: torch.Tensor, finished: torch.Tensor, end_id: int | None) -> torch.Tensor:
     """A finished row keeps producing ``end_id``; mark rows that produce it now (in place)."""
     if end_id is None:
@@ -94,6 +118,9 @@ def greedy_decode(
     use_cache: bool = True,
 ) -> torch.Tensor:
     """Decode ``src`` with a ``course_lib.Transformer``, always taking the most likely next token.
+
+    The plain argmax over the whole vocabulary (lowest id on a tie): unlike ``beam_search`` and
+    ``sample``, it does not forbid <pad> and ``start_id`` (see the module docstring).
 
     Args:
         model: an encoder-decoder with ``encode``, ``decode``, ``generator`` (and ``start_cache`` /
@@ -165,7 +192,9 @@ def beam_search(
     ``end_id`` is finished: it stays in the beam with its score and length frozen, competing with
     the live ones. The search stops when every beam of every row has finished, or after
     ``max_len`` tokens.
-    ``beam_size=1`` is greedy decoding; a beam that keeps every prefix is an exhaustive search.
+    ``<pad>`` and ``start_id`` are never generated (see the module docstring). ``beam_size=1``
+    is greedy decoding (as long as greedy decoding does not take <pad> or ``start_id``); a beam
+    that keeps every prefix is an exhaustive search over the outputs without them.
 
     Args:
         model, src, max_len, start_id, end_id, src_mask: as in ``greedy_decode`` (``end_id`` is
@@ -191,6 +220,7 @@ def beam_search(
             "beam_search: length_penalty (alpha) must be a finite number >= 0, got "
             f"{length_penalty!r}"
         )
+    forbidden = _forbidden_ids(model, start_id, end_id, "beam_search")
     memory, src_mask = _source(model, src, src_mask, "beam_search")
     B, K, device = src.size(0), beam_size, src.device
     # Each row becomes K beams: (B, ...) -> (B*K, ...), rows b*K .. b*K+K-1 belong to source b.
@@ -207,6 +237,7 @@ def beam_search(
     for _ in range(max_len):
         logp = model.decode_step(tokens, cache).float().log_softmax(dim=-1)  # (B*K, V)
         V = logp.size(-1)
+        logp[:, forbidden] = float("-inf")  # never <pad> or the start symbol
         # A finished beam has one continuation, end_id, which costs nothing and adds no length.
         logp[finished] = float("-inf")
         logp[finished, end_id] = 0.0
@@ -239,14 +270,28 @@ def filter_logits(
 ) -> torch.Tensor:
     """Set to ``-inf`` every logit outside the top ``top_k`` and outside the nucleus ``top_p``.
 
-    ``logits (..., V)``. Nucleus (Holtzman et al., 2020): keep the smallest set of most likely
-    tokens whose probabilities add up to at least ``top_p``; the most likely token is always kept.
+    ``logits (..., V)``; returns a new tensor of the same shape (the kept logits unchanged).
+
+    * top-k keeps exactly ``min(top_k, V)`` tokens per row. Ties are broken toward the lower id
+      (a stable sort), as ``argmax`` does, so ``top_k=1`` keeps the argmax and nothing else, even
+      when two logits are equal.
+    * Nucleus (Holtzman et al., 2020): keep the smallest set of most likely tokens whose
+      probabilities add up to at least ``top_p``: in order of decreasing probability (ties: lower
+      id first), a token is kept while the mass of the tokens ranked above it is still ``< top_p``.
+      The most likely token is always kept; ``top_p=1`` keeps everything.
     """
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+        raise ValueError(f"filter_logits: top_k must be None or an int >= 1, got {top_k!r}")
+    if top_p is not None and (
+        isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0.0 < top_p <= 1.0
+    ):
+        raise ValueError(f"filter_logits: top_p must be None or a number in (0, 1], got {top_p!r}")
     if top_k is not None and top_k < logits.size(-1):
-        kth = logits.topk(top_k, dim=-1).values[..., -1:]  # (..., 1) the k-th largest logit
-        logits = logits.masked_fill(logits < kth, float("-inf"))
+        order = logits.sort(dim=-1, descending=True, stable=True).indices  # ties: lower id first
+        drop = torch.ones_like(logits, dtype=torch.bool).scatter(-1, order[..., :top_k], False)
+        logits = logits.masked_fill(drop, float("-inf"))
     if top_p is not None and top_p < 1.0:
-        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        sorted_logits, order = logits.sort(dim=-1, descending=True, stable=True)
         probs = sorted_logits.softmax(dim=-1)
         # the probability of the tokens ranked above each one
         mass_before = probs.cumsum(dim=-1) - probs
@@ -274,9 +319,12 @@ def sample(
     Args:
         model, src, max_len, start_id, end_id, src_mask: as in ``greedy_decode``.
         temperature: > 0; the logits are divided by it (< 1 sharpens, > 1 flattens; ~0 = greedy).
-        top_k: keep only the k most likely tokens (k >= 1; 1 = greedy).
+        top_k: keep only the k most likely tokens (k >= 1; 1 = greedy; ties as in
+            ``filter_logits``).
         top_p: nucleus sampling, in (0, 1]: the most likely tokens whose mass reaches ``top_p``.
         generator: a seeded ``torch.Generator`` makes the draws reproducible.
+
+    ``<pad>`` and ``start_id`` are never drawn (their logits are ``-inf`` before top-k and top-p).
 
     Returns:
         ``(B, max_len)`` generated ids, without the start symbol.
@@ -302,6 +350,7 @@ def sample(
         raise TypeError(
             f"sample: generator must be a torch.Generator or None, got {type(generator).__name__}"
         )
+    forbidden = _forbidden_ids(model, start_id, end_id, "sample")
     memory, src_mask = _source(model, src, src_mask, "sample")
     B = src.size(0)
     ys = torch.full((B, 1), start_id, dtype=torch.long, device=src.device)
@@ -309,6 +358,7 @@ def sample(
     cache = model.start_cache(memory, src_mask)
     for _ in range(max_len):
         logits = model.decode_step(ys[:, -1], cache).float() / temperature  # (B, V)
+        logits[:, forbidden] = float("-inf")  # never <pad> or the start symbol
         probs = filter_logits(logits, top_k, top_p).softmax(dim=-1)
         next_id = torch.multinomial(probs, 1, generator=generator).squeeze(1)  # (B,)
         next_id = _finish(next_id, finished, end_id)

@@ -129,43 +129,61 @@ def test_beam_of_one_is_greedy(norm_first):
 
 
 def _exhaustive_best(model, src_row, max_len, alpha):
-    """Score every possible output of at most max_len tokens (ending at the first <eos>)."""
+    """Score every possible output of at most max_len tokens (ending at the first <eos>), over the
+    tokens beam search may generate (not <pad>, not <sos>), with one batched full forward pass."""
     vocab = model.config.tgt_vocab_size
-    src = src_row.unsqueeze(0)
-    best, best_seq = float("-inf"), None
-    seen = set()
-    for seq in itertools.product(range(vocab), repeat=max_len):
-        seq = list(seq)
-        if EOS in seq:
-            seq = seq[: seq.index(EOS) + 1]
-        if tuple(seq) in seen:
-            continue
-        seen.add(tuple(seq))
-        tgt = torch.tensor([[SOS] + seq])
-        with torch.no_grad():
-            logp = model(src, tgt[:, :-1]).log_softmax(-1)[0]  # (len, V)
-        total = logp.gather(1, tgt[0, 1:].unsqueeze(1)).sum().item()
-        score = total / length_penalty_factor(len(seq), alpha)
-        if score > best:
-            best, best_seq = score, seq
-    return best, best_seq
+    allowed = [t for t in range(vocab) if t not in (PAD, SOS)]
+    outputs = sorted(
+        {seq[: seq.index(EOS) + 1] if EOS in seq else seq
+         for seq in itertools.product(allowed, repeat=max_len)}
+    )
+    # (N, 1 + max_len): <sos>, the output, <eos> as filler (the causal mask hides it from the output)
+    tgt = torch.tensor([[SOS, *seq] + [EOS] * (max_len - len(seq)) for seq in outputs])
+    with torch.no_grad():
+        logp = model(src_row.expand(len(outputs), -1), tgt[:, :-1]).log_softmax(-1)  # (N, L, V)
+    token_logp = logp.gather(2, tgt[:, 1:].unsqueeze(2)).squeeze(2)  # (N, max_len)
+    lengths = torch.tensor([len(seq) for seq in outputs])
+    real = torch.arange(max_len) < lengths.unsqueeze(1)
+    scores = (token_logp * real).sum(1) / length_penalty_factor(lengths.double(), alpha)
+    best = int(scores.argmax())
+    return scores[best].item(), list(outputs[best])
 
 
 @pytest.mark.parametrize("norm_first", [False, True])
 @pytest.mark.parametrize("alpha", [0.0, 0.6, 1.0])
 def test_wide_beam_is_exhaustive(norm_first, alpha):
-    vocab, max_len = 4, 3  # 4^3 = 64 outputs: a beam of 64 keeps every prefix
+    vocab, max_len = 6, 3  # <eos> and 3 symbols: 1 + 3 + 9 + 27 = 40 outputs of at most 3 tokens
     model = _model(norm_first, vocab=vocab)
     with torch.no_grad():
         model.generator.weight.mul_(0.25)  # back to flatter distributions: many close competitors
+        model.generator.bias[EOS] += 1.0  # outputs that end at different lengths
     src = torch.tensor([[3, 3, 3], [3, 0, 0]])
-    tokens, scores = beam_search(
-        model, src, max_len, SOS, EOS, beam_size=vocab**max_len, length_penalty=alpha
-    )
+    tokens, scores = beam_search(model, src, max_len, SOS, EOS, beam_size=40, length_penalty=alpha)
     for b in range(2):
         best, best_seq = _exhaustive_best(model, src[b], max_len, alpha)
         assert scores[b].item() == pytest.approx(best, abs=1e-5)
         assert tokens[b, : len(best_seq)].tolist() == best_seq
+
+
+def test_wide_beam_follows_the_length_normalisation():
+    """Lesson 07's case: winners end with <eos> at different lengths, and alpha changes one."""
+    torch.manual_seed(2)
+    tiny = Transformer(
+        TransformerConfig(src_vocab_size=6, tgt_vocab_size=6, d_model=16, num_heads=2, d_ff=32)
+    ).eval()
+    with torch.no_grad():
+        tiny.generator.bias[EOS] += 2.0
+    src = torch.tensor([[3, 4, 5, 4], [5, 3, PAD, PAD]])
+    winners = {}
+    for alpha in (0.0, 0.6):
+        tokens, scores = beam_search(tiny, src, 4, SOS, EOS, beam_size=121, length_penalty=alpha)
+        for b in range(2):
+            best, best_seq = _exhaustive_best(tiny, src[b], 4, alpha)
+            assert tokens[b, : len(best_seq)].tolist() == best_seq
+            assert scores[b].item() == pytest.approx(best, abs=1e-5)
+            winners[alpha, b] = best_seq
+    assert all(seq[-1] == EOS and len(seq) < 4 for seq in winners.values())
+    assert len(winners[0.0, 1]) < len(winners[0.6, 1])
 
 
 def test_beam_never_scores_below_greedy():
@@ -209,6 +227,81 @@ def test_filter_logits():
     assert torch.isinf(filter_logits(logits, top_p=0.85)).tolist() == [[False, False, False, True]]
     assert torch.isinf(filter_logits(logits, top_p=0.1)).tolist() == [[False, True, True, True]]
     assert not torch.isinf(filter_logits(logits, top_k=4, top_p=1.0)).any()
+
+
+def _prefers_pad_and_sos(norm_first: bool) -> Transformer:
+    model = _model(norm_first)
+    with torch.no_grad():  # <pad> the most likely token everywhere, <sos> the runner-up
+        model.generator.bias[PAD] = 50.0
+        model.generator.bias[SOS] = 40.0
+    return model
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_beam_and_sample_never_generate_pad_or_start(norm_first):
+    model = _prefers_pad_and_sos(norm_first)
+    src = _padded_src()
+    greedy = greedy_decode(model, src, 6, SOS, EOS)
+    assert (greedy == PAD).all()  # greedy: the plain argmax, as documented
+    beams, scores = beam_search(model, src, 6, SOS, EOS, beam_size=3)
+    assert torch.isfinite(scores).all()
+    assert not ((beams == PAD) | (beams == SOS)).any()
+    gen = torch.Generator().manual_seed(0)
+    for kw in (dict(), dict(temperature=5.0), dict(top_k=1), dict(top_p=0.5)):
+        drawn = sample(model, src, 6, SOS, EOS, generator=gen, **kw)
+        assert not ((drawn == PAD) | (drawn == SOS)).any(), kw
+
+
+def test_beam_of_one_and_top_k_one_are_greedy_among_allowed_tokens():
+    """With <pad> and <sos> forbidden, beam 1 and top-k 1 take the argmax of the other tokens."""
+    model = _prefers_pad_and_sos(False)
+    src = _padded_src()
+    with torch.no_grad():
+        plain = _model(False)
+        plain.load_state_dict(model.state_dict())
+        plain.generator.bias[PAD] = plain.generator.bias[SOS] = -1e4  # never chosen anyway
+    greedy = greedy_decode(plain, src, 8, SOS, EOS)
+    assert torch.equal(beam_search(model, src, 8, SOS, EOS, beam_size=1)[0], greedy)
+    gen = torch.Generator().manual_seed(0)
+    assert torch.equal(sample(model, src, 8, SOS, EOS, top_k=1, generator=gen), greedy)
+
+
+def test_top_k_keeps_exactly_k_and_breaks_ties_toward_the_lower_id():
+    tied = torch.tensor([[1.0, 3.0, 3.0, 0.0, 3.0]])
+    assert torch.isfinite(filter_logits(tied, top_k=1)).tolist() == [[False, True, False, False,
+                                                                      False]]
+    assert torch.isfinite(filter_logits(tied, top_k=2)).tolist() == [[False, True, True, False,
+                                                                      False]]
+    assert torch.isfinite(filter_logits(tied, top_k=4)).tolist() == [[True, True, True, False,
+                                                                      True]]
+    many = torch.randint(0, 3, (200, 7)).float()  # many ties
+    for k in (1, 2, 5):
+        kept = torch.isfinite(filter_logits(many, top_k=k))
+        assert (kept.sum(-1) == k).all()
+    top1 = torch.isfinite(filter_logits(many, top_k=1)).int().argmax(-1)
+    assert torch.equal(top1, many.argmax(-1))  # k = 1 is greedy, ties included
+
+
+def test_top_p_threshold_is_inclusive_and_ties_go_to_the_lower_id():
+    # exact in float: four tokens of probability 1/4 each; the mass above the third is 0.5 = p
+    assert torch.isfinite(filter_logits(torch.zeros(1, 4), top_p=0.5)).tolist() == [
+        [True, True, False, False]
+    ]
+    exact = torch.log(torch.tensor([[0.125, 0.5, 0.125, 0.25]], dtype=torch.float64))
+    assert torch.isfinite(filter_logits(exact, top_p=0.75)).tolist() == [
+        [False, True, False, True]  # 0.5 + 0.25 reaches 0.75: the nucleus is complete
+    ]
+    assert filter_logits(exact, top_p=0.75).dtype == torch.float64
+
+
+@pytest.mark.parametrize(
+    "kwargs, word",
+    [(dict(top_k=0), "top_k"), (dict(top_k=1.5), "top_k"), (dict(top_p=0.0), "top_p"),
+     (dict(top_p=1.2), "top_p")],
+)
+def test_filter_logits_bad_arguments(kwargs, word):
+    with pytest.raises(ValueError, match=word):
+        filter_logits(torch.zeros(2, 5), **kwargs)
 
 
 BAD = [

@@ -14,6 +14,11 @@ Each view becomes two outputs:
 * ``application/javascript``: bertviz's view code with its data. ``require``/``requirejs`` are bound
   to a resolver that returns the inline libraries, so no loader and no globals are needed.
 
+The libraries are about 300 KB. A notebook with several views can store them once:
+``show_libraries()`` in a cell above the first view displays them in its own output, and the views
+run after it in the same kernel leave them out and wait for that output's copy. Views run without
+it (another kernel, Colab, ``html_action="return"``) still carry their own copy.
+
 If the libraries are missing or their checksum differs, every function falls back to bertviz as
 shipped (which works with a network). Same signatures as bertviz's functions::
 
@@ -28,7 +33,10 @@ import hashlib
 import html
 import importlib
 import inspect
+import json
+import os
 import re
+import sys
 from importlib import metadata
 
 from IPython.display import HTML, display
@@ -37,6 +45,7 @@ __all__ = [
     "head_view",
     "model_view",
     "neuron_view",
+    "show_libraries",
     "show_neuron_view",
     "load_neuron_view_model",
     "vendored_libraries",
@@ -57,6 +66,18 @@ PLACEHOLDER = (
     "Interactive bertviz view: run this cell to see the interactive view. (Jupyter does not run "
     "the JavaScript stored in a notebook it does not trust, and GitHub never runs it.)"
 )
+
+LIBRARIES_NOTE = (
+    "d3 5.7.0 and jQuery 3.7.1 for the bertviz views below, stored once in this output (offline "
+    "copies: nothing is fetched)."
+)
+MISSING_NOTE = (
+    "Interactive bertviz view: d3 and jQuery are not on this page. Run the cell with "
+    "show_libraries() above (it stores them once for every view), then this cell again."
+)
+
+# True once show_libraries() has displayed the libraries in this kernel: later views leave them out.
+_LIBRARIES_SHOWN = False
 
 _SCRIPT_OPEN = '\n<script type="text/javascript">\n'  # how bertviz 1.4 joins HTML and JavaScript
 _SCRIPT_CLOSE = "\n</script>\n"
@@ -106,16 +127,37 @@ def _libraries_html(libs: dict[str, str]) -> str:
     )
 
 
-def _view_js(root_id: str, vis_js: str) -> str:
-    """bertviz's view code, run with `require`/`requirejs` resolving to the inline libraries."""
+def _view_js(root_id: str, vis_js: str, lean: bool = False) -> str:
+    """bertviz's view code, run with `require`/`requirejs` resolving to the inline libraries.
+
+    It waits for its container (and the libraries): every 50 ms, for 10 s. A ``lean`` view, whose
+    libraries come with ``show_libraries()``'s output (which the page may render later), waits
+    longer, every second for 10 more minutes, and after 10 s without them says so in its note.
+    """
+    if lean:
+        missing = json.dumps(MISSING_NOTE)
+        wait = (
+            "      // Jupyter may run this before it attaches the view's container to the page, and\n"
+            "      // the libraries come with another output, which the page may render later.\n"
+            "      tries++;\n"
+            "      if (tries === 200 && !libs) {\n"
+            f"        var waiting = document.querySelector('#{root_id} .course-bertviz-note');\n"
+            f"        if (waiting) {{ waiting.textContent = {missing}; }}\n"
+            "      }\n"
+            "      if (tries < 800) { setTimeout(draw, tries < 200 ? 50 : 1000); }\n"
+        )
+    else:
+        wait = (
+            "      // Jupyter may run this before it attaches the view's container to the page.\n"
+            "      if (tries++ < 200) { setTimeout(draw, 50); }\n"
+        )
     return (
         "(function () {\n"
         "  var tries = 0;\n"
         "  function draw() {\n"
         "    var libs = window.__courseBertvizLibs;\n"
         f"    if (!libs || !document.getElementById('{root_id}')) {{\n"
-        "      // Jupyter may run this before it attaches the view's container to the page.\n"
-        "      if (tries++ < 200) { setTimeout(draw, 50); }\n"
+        + wait +
         "      else { console.error('course_lib.bertviz_views: no d3/jQuery or no container'); }\n"
         "      return;\n"
         "    }\n"
@@ -206,14 +248,39 @@ def _offline(bertviz_function, args, kwargs):
     # bertviz 1.4.1's neuron view expands into the page's first #vis, another view's if there are
     # several; point it at its own container.
     vis_js = vis_js.replace('d3.select("#vis")', "d3.select(`#${config.rootDivId} #vis`)")
-    head = _with_note(container) + _libraries_html(libs)
-    code = _view_js(root_id, vis_js)
-    if action == "return":
-        return HTML(head + "<script>\n" + code + "</script>\n")
+    if action == "return":  # a page of its own: it must carry the libraries
+        return HTML(_with_note(container) + _libraries_html(libs) + "<script>\n"
+                    + _view_js(root_id, vis_js) + "</script>\n")
+    lean = _LIBRARIES_SHOWN and not _in_colab()
+    head = _with_note(container) + ("" if lean else _libraries_html(libs))
+    code = _view_js(root_id, vis_js, lean)
     display(HTML(head))
     # text/plain is what Jupyter shows for this output where it may not run JavaScript.
     display({"application/javascript": code, "text/plain": ""}, raw=True)
     return None
+
+
+def _in_colab() -> bool:
+    """Colab shows each cell's outputs in a frame of its own: there, every view needs its copy."""
+    return "google.colab" in sys.modules or "COLAB_RELEASE_TAG" in os.environ
+
+
+def show_libraries() -> None:
+    """Display d3 and jQuery once, for every bertviz view displayed after it in this kernel.
+
+    Put it in a cell above a notebook's first view: its output stores the libraries (about
+    300 KB), and the views leave them out. Re-running any view is fine (the page keeps the
+    libraries, and the stored output brings them back after a reload); a view run in a kernel
+    that has not run this cell carries its own copy, as does every view in Colab. Without the
+    vendored files (see ``vendored_libraries``) it does nothing and the views use bertviz's CDN.
+    """
+    global _LIBRARIES_SHOWN
+    libs = vendored_libraries()
+    if libs is None:
+        return
+    note = f'<p class="course-libraries-note" style="color:#555">{html.escape(LIBRARIES_NOTE)}</p>'
+    display(HTML(note + _libraries_html(libs)))
+    _LIBRARIES_SHOWN = True
 
 
 def _bertviz(name):

@@ -24,6 +24,7 @@ __all__ = [
     "plot_loss",
     "plot_head_view_static",
     "plot_model_view_static",
+    "plot_neuron_view_static",
 ]
 
 
@@ -51,13 +52,19 @@ def plot_attention(
     annotate: bool = False,
     colorbar: bool = True,
     cmap: str = "viridis",
+    vmax: float | None = None,
 ) -> Axes:
-    """Heatmap of one attention matrix ``weights (L_q, L_k)``: row = query, column = key."""
+    """Heatmap of one attention matrix ``weights (L_q, L_k)``: row = query, column = key.
+
+    The colours run from 0 to ``vmax``, by default this matrix's largest weight (pass a common
+    ``vmax`` to compare several matrices on one scale).
+    """
     w = _np(weights)
     if w.ndim != 2:
         raise ValueError(f"plot_attention: weights must be (L_q, L_k), got shape {w.shape}")
     ax = _new_ax(ax, (0.5 * w.shape[1] + 2.5, 0.45 * w.shape[0] + 1.8))
-    im = ax.imshow(w, cmap=cmap, vmin=0.0, vmax=max(float(w.max()), 1e-9), aspect="auto")
+    top = max(float(w.max()), 1e-9) if vmax is None else vmax
+    im = ax.imshow(w, cmap=cmap, vmin=0.0, vmax=top, aspect="auto")
     ax.set_xticks(range(w.shape[1]), labels=list(key_tokens) if key_tokens is not None else range(w.shape[1]),
                   rotation=60 if key_tokens is not None else 0, ha="right" if key_tokens is not None else "center")
     ax.set_yticks(range(w.shape[0]), labels=list(query_tokens) if query_tokens is not None else range(w.shape[0]))
@@ -68,7 +75,7 @@ def plot_attention(
         for i in range(w.shape[0]):
             for j in range(w.shape[1]):
                 ax.text(j, i, f"{w[i, j]:.2f}", ha="center", va="center", fontsize=7,
-                        color="white" if w[i, j] < 0.6 * w.max() else "black")
+                        color="white" if w[i, j] < 0.6 * top else "black")
     if colorbar:
         ax.figure.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="weight")
     return ax
@@ -80,8 +87,13 @@ def plot_attention_heads(
     key_tokens: Sequence[str] | None = None,
     title: str = "Attention per head",
     ncols: int = 4,
+    vmax: float = 1.0,
 ) -> Figure:
-    """One heatmap per head: ``weights (num_heads, L_q, L_k)``."""
+    """One heatmap per head: ``weights (num_heads, L_q, L_k)``.
+
+    Every panel uses the same colour scale, 0 to ``vmax`` (1 = all of a query's weight on one key),
+    shown by one colorbar, so a weak head looks weak.
+    """
     w = _np(weights)
     if w.ndim != 3:
         raise ValueError(f"plot_attention_heads: weights must be (num_heads, L_q, L_k), got shape {w.shape}")
@@ -89,18 +101,21 @@ def plot_attention_heads(
     ncols = min(ncols, h)
     nrows = int(np.ceil(h / ncols))
     side = 0.32 * max(w.shape[1:]) + 1.2
-    fig, axes = plt.subplots(nrows, ncols, figsize=(side * ncols, side * nrows), squeeze=False)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(side * ncols + 1.0, side * nrows), squeeze=False,
+                             layout="constrained")
     for i, ax in enumerate(axes.flat):
         if i >= h:
             ax.axis("off")
             continue
-        plot_attention(w[i], query_tokens, key_tokens, title=f"head {i}", ax=ax, colorbar=False)
+        plot_attention(w[i], query_tokens, key_tokens, title=f"head {i}", ax=ax, colorbar=False,
+                       vmax=vmax)
         if i % ncols:
             ax.set_ylabel("")
         if i < h - ncols:
             ax.set_xlabel("")
+    mappable = plt.cm.ScalarMappable(norm=plt.Normalize(0.0, vmax), cmap="viridis")
+    fig.colorbar(mappable, ax=axes, shrink=0.6, label="attention weight (same scale in every panel)")
     fig.suptitle(title)
-    fig.tight_layout()
     return fig
 
 
@@ -204,22 +219,86 @@ def plot_model_view_static(
     title: str = "Model view: every layer (rows) and head (columns)",
 ) -> Figure:
     """A still image of bertviz's model view: a grid of small heatmaps, ``attentions[layer] (num_heads, L, L)``
-    (batch row already selected)."""
+    (batch row already selected). Every panel uses the same scale, 0 to 1, shown by one colorbar."""
     layers = [_np(a) for a in attentions]
     if not layers or any(a.ndim != 3 for a in layers):
         raise ValueError("plot_model_view_static: pass one (num_heads, L, L) tensor per layer (select the batch row)")
     n_layers, n_heads = len(layers), layers[0].shape[0]
-    fig, axes = plt.subplots(n_layers, n_heads, figsize=(1.15 * n_heads + 1, 1.15 * n_layers + 1), squeeze=False)
+    fig, axes = plt.subplots(n_layers, n_heads, figsize=(1.15 * n_heads + 2, 1.15 * n_layers + 1.2),
+                             squeeze=False, layout="constrained")
     for l, a in enumerate(layers):
         for h in range(n_heads):
             ax = axes[l, h]
-            ax.imshow(a[h], cmap="viridis", vmin=0, vmax=1)
+            im = ax.imshow(a[h], cmap="viridis", vmin=0, vmax=1)
             ax.set_xticks([])
             ax.set_yticks([])
             if l == 0:
                 ax.set_title(f"head {h}", fontsize=8)
             if h == 0:
                 ax.set_ylabel(f"layer {l}", fontsize=8)
+    fig.colorbar(im, ax=axes, shrink=0.7, label="attention weight (same scale in every panel)")
     fig.suptitle(f"{title}\ntokens: {' '.join(tokens)}", fontsize=10)
-    fig.tight_layout()
+    return fig
+
+
+def plot_neuron_view_static(
+    queries: torch.Tensor,
+    keys: torch.Tensor,
+    tokens: Sequence[str],
+    query_index: int,
+    title: str = "Neuron view",
+) -> Figure:
+    """A still image of bertviz's neuron view for one head and one query token.
+
+    ``queries`` and ``keys`` are one head's ``(L, head_dim)`` vectors; ``query_index`` picks the
+    query. Columns, left to right: the query q (one row), the keys k (one row per token), the
+    products q x k elementwise, the scores q . k / sqrt(head_dim) and their softmax, the weights.
+    Signed values use the course's diverging map (red = positive, blue = negative) with colorbars.
+    """
+    q_all, k = _np(queries), _np(keys)
+    if q_all.ndim != 2 or k.ndim != 2 or q_all.shape[1] != k.shape[1] or k.shape[0] != len(tokens):
+        raise ValueError(f"plot_neuron_view_static: queries (L_q, head_dim) and keys (L, head_dim) with "
+                         f"L = len(tokens)={len(tokens)}, got {q_all.shape} and {k.shape}")
+    if not 0 <= query_index < q_all.shape[0]:
+        raise ValueError(f"plot_neuron_view_static: query_index {query_index} is not a row of queries "
+                         f"{q_all.shape}")
+    q = q_all[query_index]
+    L, d = k.shape
+    product = q[None, :] * k  # (L, head_dim)
+    scores = product.sum(-1) / np.sqrt(d)  # (L,)
+    weights = np.exp(scores - scores.max())
+    weights = weights / weights.sum()
+    fig = plt.figure(figsize=(15, 0.42 * L + 3.2), layout="constrained")
+    grid = fig.add_gridspec(2, 4, height_ratios=[1, L], width_ratios=[d, d, 3.5, 3.5])
+    vec_max = float(max(np.abs(q).max(), np.abs(k).max()))
+    prod_max = float(np.abs(product).max())
+    ax_q = fig.add_subplot(grid[0, 0])
+    ax_q.imshow(q[None, :], cmap=DIVERGING_CMAP, vmin=-vec_max, vmax=vec_max, aspect="auto")
+    ax_q.set_yticks([0], labels=[tokens[query_index]])
+    ax_q.set_xticks([])
+    ax_q.set_title(f"query q of '{tokens[query_index]}' ({d} numbers)")
+    ax_k = fig.add_subplot(grid[1, 0])
+    im_k = ax_k.imshow(k, cmap=DIVERGING_CMAP, vmin=-vec_max, vmax=vec_max, aspect="auto")
+    ax_k.set_title("keys k (one row per token)")
+    ax_p = fig.add_subplot(grid[1, 1])
+    im_p = ax_p.imshow(product, cmap=DIVERGING_CMAP, vmin=-prod_max, vmax=prod_max, aspect="auto")
+    ax_p.set_title("q × k, elementwise")
+    for ax in (ax_k, ax_p):
+        ax.set_yticks(range(L), labels=list(tokens))
+        ax.set_xlabel(f"dimension (0 ... {d - 1})")
+    ax_k.set_ylabel("key token")
+    fig.colorbar(im_k, ax=[ax_q, ax_k], location="bottom", shrink=0.8, label="value of q and k")
+    fig.colorbar(im_p, ax=ax_p, location="bottom", shrink=0.8, label="q_d × k_d")
+    for col, (values, name, cmap, lims) in enumerate((
+            (scores, f"q · k / √{d}", DIVERGING_CMAP, (-np.abs(scores).max(), np.abs(scores).max())),
+            (weights, "softmax", "viridis", (0.0, 1.0)))):
+        ax = fig.add_subplot(grid[1, 2 + col])
+        ax.imshow(values[:, None], cmap=cmap, vmin=lims[0], vmax=lims[1], aspect="auto")
+        for i, value in enumerate(values):
+            ax.text(0, i, f"{value:.2f}", ha="center", va="center", fontsize=9,
+                    bbox={"facecolor": "white", "alpha": 0.7, "pad": 1, "lw": 0})
+        ax.set_yticks(range(L), labels=list(tokens))
+        ax.set_xticks([])
+        ax.set_title(name)
+    fig.suptitle(title)
     return fig

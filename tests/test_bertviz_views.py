@@ -6,6 +6,7 @@ notebook, the checksums, the signatures, the fallback, and MiniLM in bertviz's n
 
 import hashlib
 import inspect
+import json
 import math
 import re
 from importlib import metadata
@@ -30,6 +31,13 @@ def attention(layers=2, heads=3, rows=4, cols=4, seed=0):
     generator = torch.Generator().manual_seed(seed)
     return [torch.softmax(torch.randn(1, heads, rows, cols, generator=generator), -1)
             for _ in range(layers)]
+
+
+@pytest.fixture(autouse=True)
+def fresh_kernel(monkeypatch):
+    """Every test starts as a kernel that has not run show_libraries(), outside Colab."""
+    monkeypatch.setattr(bertviz_views, "_LIBRARIES_SHOWN", False)
+    monkeypatch.delenv("COLAB_RELEASE_TAG", raising=False)
 
 
 @pytest.fixture
@@ -149,3 +157,38 @@ def test_view_data_is_rounded_to_4_decimals(displayed):
     code = displayed[1]["application/javascript"]
     params = code[code.index("const params = "):code.index("; // HACK")]
     assert re.search(r"\d\.\d{3,4}", params) and not re.search(r"\d\.\d{5,}", params)
+
+
+def test_show_libraries_stores_them_once_and_later_views_leave_them_out(displayed):
+    bertviz_views.show_libraries()
+    head_view(attention(), TOKENS, layer=1, heads=[0])
+    model_view(attention(), TOKENS)
+    libraries, *views = displayed
+    assert "d3js.org v5.7.0" in libraries.data and "jQuery v3.7.1" in libraries.data
+    assert "__courseBertvizLibs" in libraries.data
+    assert "bertviz-" not in libraries.data  # not a view: the browser test counts views by this id
+    assert bertviz_views.LIBRARIES_NOTE in libraries.data
+    pages, codes = views[::2], views[1::2]
+    assert len(pages) == 2
+    for page, code in zip(pages, codes):
+        assert re.search(r'<div id="bertviz-[0-9a-f]{32}"', page.data)
+        assert bertviz_views.PLACEHOLDER.split(":")[0] in page.data
+        assert "d3js.org" not in page.data and "jQuery v3" not in page.data
+        assert len(page.data) < 10_000  # the libraries are about 300 KB
+        script = code["application/javascript"]
+        assert "window.__courseBertvizLibs" in script
+        assert json.dumps(bertviz_views.MISSING_NOTE) in script  # said when they never come
+
+
+def test_views_carry_their_own_libraries_in_colab_and_as_a_page(displayed, monkeypatch):
+    bertviz_views.show_libraries()
+    assert "d3js.org v5.7.0" in head_view(attention(), TOKENS, html_action="return").data
+    monkeypatch.setenv("COLAB_RELEASE_TAG", "release-colab-test")  # each output has its own frame
+    head_view(attention(), TOKENS)
+    assert "d3js.org v5.7.0" in displayed[-2].data
+
+
+def test_show_libraries_without_the_files_does_nothing(displayed, monkeypatch):
+    monkeypatch.setattr(bertviz_views, "vendored_libraries", lambda: None)
+    bertviz_views.show_libraries()
+    assert displayed == [] and not bertviz_views._LIBRARIES_SHOWN

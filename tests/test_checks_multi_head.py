@@ -108,13 +108,42 @@ def split_wrong_head_dim(x, num_heads):
     return x.unsqueeze(1).expand(B, num_heads, L, d_model)  # every head gets all d_model features
 
 
+def split_transpose_first(x, num_heads):
+    B, L, d_model = x.shape
+    return x.transpose(1, 2).reshape(B, num_heads, L, d_model // num_heads)
+
+
+def split_sizes_swapped(x, num_heads):
+    B, L, d_model = x.shape
+    return x.view(B, L, d_model // num_heads, num_heads).transpose(1, 2)
+
+
+def split_last_axes_transposed(x, num_heads):
+    B, L, d_model = x.shape
+    return x.view(B, L, num_heads, d_model // num_heads).transpose(-2, -1)
+
+
+def split_hard_coded_heads(x, num_heads):
+    B, L, d_model = x.shape
+    return x.view(B, L, 3, d_model // 3).transpose(1, 2)
+
+
+def split_calls_reference(x, num_heads):
+    return reference_split_heads(x, num_heads)
+
+
+def split_calls_course_lib_method(x, num_heads):
+    from course_lib import MultiHeadAttention
+
+    return MultiHeadAttention(x.size(-1), num_heads).split_heads(x)
+
+
 def split_todo(x, num_heads):
     raise NotImplementedError
 
 
 @pytest.mark.parametrize(
-    "fn", [split_ok, split_reshape_permute, split_unflatten, split_stacked_slices, lesson02.split_heads,
-           reference_split_heads])
+    "fn", [split_ok, split_reshape_permute, split_unflatten, split_stacked_slices, lesson02.split_heads])
 def test_split_heads_correct_passes(fn, capsys):
     assert passes(check_split_heads, fn)
     assert "check_split_heads: all 5 cases match" in capsys.readouterr().out
@@ -124,9 +153,16 @@ def test_split_heads_correct_passes(fn, capsys):
     "fn, words",
     [
         (split_no_transpose, r"heads split without the transpose"),
-        (split_straight, r"reshaped straight to \(B, num_heads, L, head_dim\)"),
+        (split_straight, r"reshaped straight to \(B, num_heads, L, head_dim\).*section 5.*target_head_1"),
         (split_interleaved, r"every num_heads-th feature"),
         (split_wrong_head_dim, r"Wrong output shape.*head_dim = d_model // num_heads"),
+        (split_transpose_first, r"transposed before splitting"),
+        (split_sizes_swapped, r"num_heads and head_dim swapped in the view"),
+        (split_last_axes_transposed, r"last two axes transposed \(transpose\(-2, -1\)\)"),
+        (split_hard_coded_heads, r"\(x \(1, 4, 8\), num_heads=2\): sizes fixed in the code.*head_dim = d_model // num_heads = 4"),
+        (reference_split_heads, r"handed in course_lib's own `reference_split_heads`.*show_solution"),
+        (split_calls_reference, r"calls course_lib's `reference_split_heads`"),
+        (split_calls_course_lib_method, r"calls course_lib's `MultiHeadAttention.split_heads`"),
     ],
 )
 def test_split_heads_names_mistake(fn, words):
@@ -184,12 +220,43 @@ def merge_wrong_shape(x):
     return x.transpose(1, 2).reshape(B * L, h * hd)
 
 
+def merge_last_axes_transposed(x):
+    B, h, L, hd = x.shape
+    return x.transpose(2, 3).reshape(B, L, h * hd)
+
+
+def merge_interleaved(x):
+    B, h, L, hd = x.shape
+    return x.permute(0, 2, 3, 1).reshape(B, L, h * hd)
+
+
+def merge_cat_positions(x):
+    return torch.cat(x.unbind(1), dim=1)
+
+
+def merge_sum(x):
+    return x.sum(dim=1)
+
+
+def merge_mean(x):
+    return x.mean(dim=1)
+
+
+def merge_calls_reference(x):
+    return reference_merge_heads(x)
+
+
+def merge_hard_coded(x):
+    B, h, L, hd = x.shape
+    return x.transpose(1, 2).reshape(B, L, 12)
+
+
 def merge_todo(x):
     raise NotImplementedError
 
 
 @pytest.mark.parametrize("fn", [merge_ok, merge_contiguous_view, merge_permute_flatten, merge_cat_heads,
-                                lesson02.merge_heads, reference_merge_heads])
+                                lesson02.merge_heads])
 def test_merge_heads_correct_passes(fn, capsys):
     assert passes(check_merge_heads, fn)
     assert "check_merge_heads: all 4 cases match" in capsys.readouterr().out
@@ -203,6 +270,14 @@ def test_merge_heads_correct_passes(fn, capsys):
         (merge_view_after_transpose, r"`\.view` after `\.transpose`.*never copies.*\.reshape"),
         (merge_not_reshaped, r"transposed but not reshaped"),
         (merge_wrong_shape, r"Wrong output shape"),
+        (merge_last_axes_transposed, r"last two axes transposed \(transpose\(2, 3\)\)"),
+        (merge_interleaved, r"heads interleaved"),
+        (merge_cat_positions, r"concatenated along the positions"),
+        (merge_sum, r"heads added up instead of concatenated"),
+        (merge_mean, r"heads averaged instead of concatenated"),
+        (reference_merge_heads, r"handed in course_lib's own `reference_merge_heads`"),
+        (merge_calls_reference, r"calls course_lib's `reference_merge_heads`"),
+        (merge_hard_coded, r"\(x \(1, 2, 4, 4\)\): sizes fixed in the code"),
     ],
 )
 def test_merge_heads_names_mistake(fn, words):
@@ -221,12 +296,17 @@ def test_merge_heads_unimplemented_is_friendly(capsys):
 class LearnerMHA(nn.Module):
     """A learner's multi-head attention, written independently of course_lib; flags inject one mistake."""
 
-    split = "ok"  # "ok" | "straight" | "no_transpose"
-    merge = "ok"  # "ok" | "straight"
-    scale = "head_dim"  # "head_dim" | "none" | "d_model"
+    split = "ok"  # "ok" | "straight" | "no_transpose" | "interleaved"
+    merge = "ok"  # "ok" | "straight" | "interleaved"
+    scale = "head_dim"  # "head_dim" | "none" | "d_model" | "twice"
     use_out_proj = True
     use_mask = True
     invert_mask = False
+    mask_after_softmax = False
+    softmax_dim = -1
+    one_head = False
+    inputs = "ok"  # "ok" | "kv_swapped" | "query_only"
+    projections = ("q", "k", "v")
 
     def __init__(self, d_model, num_heads):
         super().__init__()
@@ -238,26 +318,44 @@ class LearnerMHA(nn.Module):
 
     def _split(self, t):
         B, L, _ = t.shape
+        h, hd = (1, self.d_model) if self.one_head else (self.num_heads, self.head_dim)
         if self.split == "straight":
-            return t.reshape(B, self.num_heads, L, self.head_dim)
+            return t.reshape(B, h, L, hd)
         if self.split == "no_transpose":
-            return t.view(B, L, self.num_heads, self.head_dim)
-        return t.view(B, L, self.num_heads, self.head_dim).transpose(1, 2)
+            return t.view(B, L, h, hd)
+        if self.split == "interleaved":
+            return torch.stack([t[..., i::h] for i in range(h)], dim=1)
+        return t.view(B, L, h, hd).transpose(1, 2)
 
     def forward(self, query, key, value, mask=None):
         B, L_q, _ = query.shape
-        q, k, v = self._split(self.q_proj(query)), self._split(self.k_proj(key)), self._split(self.v_proj(value))
-        divisor = {"head_dim": math.sqrt(self.head_dim), "none": 1.0, "d_model": math.sqrt(self.d_model)}[self.scale]
+        if self.inputs == "kv_swapped":
+            key, value = value, key
+        elif self.inputs == "query_only":
+            key = value = query
+        proj = {"q": self.q_proj, "k": self.k_proj, "v": self.v_proj, "x": lambda t: t}
+        q = self._split(proj[self.projections[0]](query))
+        k = self._split(proj[self.projections[1]](key))
+        v = self._split(proj[self.projections[2]](value))
+        hd = q.size(-1)
+        divisor = {"head_dim": math.sqrt(hd), "none": 1.0, "d_model": math.sqrt(self.d_model),
+                   "twice": float(hd)}[self.scale]
         scores = q @ k.transpose(-2, -1) / divisor
+        m = None
         if mask is not None and self.use_mask:
             m = ~mask if self.invert_mask else mask
             if m.dim() in (2, 3):
                 m = m.unsqueeze(-3)
-            scores = scores.masked_fill(~m, float("-inf"))
-        weights = torch.softmax(scores, dim=-1)
+            if not self.mask_after_softmax:
+                scores = scores.masked_fill(~m, float("-inf"))
+        weights = torch.softmax(scores, dim=self.softmax_dim)
+        if m is not None and self.mask_after_softmax:
+            weights = weights.masked_fill(~m, 0.0)
         heads = weights @ v
         if self.merge == "straight":
             merged = heads.reshape(B, L_q, self.d_model)
+        elif self.merge == "interleaved":
+            merged = heads.permute(0, 2, 3, 1).reshape(B, L_q, self.d_model)
         else:
             merged = heads.transpose(1, 2).reshape(B, L_q, self.d_model)
         return self.out_proj(merged) if self.use_out_proj else merged
@@ -293,6 +391,120 @@ class WrongShapeMHA(LearnerMHA):
 class NoMaskArgument(LearnerMHA):
     def forward(self, query, key, value):
         return super().forward(query, key, value)
+
+
+class SlicedStrided(lesson02.SlicedMultiHeadAttention):
+    """The sliced exercise with `q[..., i::num_heads]`: every num_heads-th column per head."""
+
+    def forward(self, query, key, value, mask=None):
+        q, k, v = self.q_proj(query), self.k_proj(key), self.v_proj(value)
+        h = self.num_heads
+        heads = [lesson02.scaled_dot_product_attention(q[..., i::h], k[..., i::h], v[..., i::h], mask)[0]
+                 for i in range(h)]
+        return self.out_proj(torch.cat(heads, dim=-1))
+
+
+class SlicedScaledTwice(lesson02.SlicedMultiHeadAttention):
+    """Divides q by sqrt(head_dim) and then calls course_lib's attention, which divides again."""
+
+    def forward(self, query, key, value, mask=None):
+        q, k, v = self.q_proj(query), self.k_proj(key), self.v_proj(value)
+        hd = self.head_dim
+        heads = [lesson02.scaled_dot_product_attention(q[..., i * hd:(i + 1) * hd] / math.sqrt(hd),
+                                                       k[..., i * hd:(i + 1) * hd],
+                                                       v[..., i * hd:(i + 1) * hd], mask)[0]
+                 for i in range(self.num_heads)]
+        return self.out_proj(torch.cat(heads, dim=-1))
+
+
+class SubclassOfCourseLib(course_lib_mha := __import__("course_lib").MultiHeadAttention):
+    """course_lib's class under another name: nothing of the learner's to check."""
+
+
+class WrapsCourseLib(nn.Module):
+    def __init__(self, d_model, num_heads):
+        super().__init__()
+        self.inner = course_lib_mha(d_model, num_heads)
+
+    def forward(self, query, key, value, mask=None):
+        return self.inner(query, key, value, mask)
+
+
+class CallsReferenceSplit(LearnerMHA):
+    def _split(self, t):
+        return reference_split_heads(t, self.num_heads)
+
+
+class MaskUnsqueezedSliced(lesson02.SlicedMultiHeadAttention):
+    def forward(self, query, key, value, mask=None):
+        if mask is not None:
+            mask = mask.unsqueeze(1)
+        return super().forward(query, key, value, mask)
+
+class CatDim1(lesson02.SlicedMultiHeadAttention):
+    def forward(self, query, key, value, mask=None):
+        q, k, v = self.q_proj(query), self.k_proj(key), self.v_proj(value)
+        hd = self.head_dim
+        heads = [lesson02.scaled_dot_product_attention(q[..., i*hd:(i+1)*hd], k[..., i*hd:(i+1)*hd], v[..., i*hd:(i+1)*hd], mask)[0] for i in range(self.num_heads)]
+        return self.out_proj(torch.cat(heads, dim=1))
+
+class HardHd(lesson02.SlicedMultiHeadAttention):
+    def forward(self, query, key, value, mask=None):
+        q, k, v = self.q_proj(query), self.k_proj(key), self.v_proj(value)
+        hd = 8
+        heads = [lesson02.scaled_dot_product_attention(q[..., i*hd:(i+1)*hd], k[..., i*hd:(i+1)*hd], v[..., i*hd:(i+1)*hd], mask)[0] for i in range(self.num_heads)]
+        return self.out_proj(torch.cat(heads, dim=-1))
+
+class KTransposed12(LearnerMHA):
+    def forward(self, query, key, value, mask=None):
+        B, L_q, _ = query.shape
+        q, k, v = self._split(self.q_proj(query)), self._split(self.k_proj(key)), self._split(self.v_proj(value))
+        s = q @ k.transpose(1, 2) / math.sqrt(self.head_dim)
+        return self.out_proj((s.softmax(-1) @ v).transpose(1, 2).reshape(B, L_q, self.d_model))
+
+class FillZero(LearnerMHA):
+    def forward(self, query, key, value, mask=None):
+        B, L_q, _ = query.shape
+        q, k, v = self._split(self.q_proj(query)), self._split(self.k_proj(key)), self._split(self.v_proj(value))
+        s = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)
+        if mask is not None:
+            m = mask.unsqueeze(-3) if mask.dim() < 4 else mask
+            s = s.masked_fill(~m, 0.0)
+        return self.out_proj((s.softmax(-1) @ v).transpose(1, 2).reshape(B, L_q, self.d_model))
+
+class NoVProj(LearnerMHA):
+    def forward(self, query, key, value, mask=None):
+        B, L_q, _ = query.shape
+        q, k, v = self._split(self.q_proj(query)), self._split(self.k_proj(key)), self._split(value)
+        s = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)
+        if mask is not None:
+            m = mask.unsqueeze(-3) if mask.dim() < 4 else mask
+            s = s.masked_fill(~m, -1e9)
+        return self.out_proj((s.softmax(-1) @ v).transpose(1, 2).reshape(B, L_q, self.d_model))
+
+class OutProjPerHead(lesson02.SlicedMultiHeadAttention):
+    def forward(self, query, key, value, mask=None):
+        q, k, v = self.q_proj(query), self.k_proj(key), self.v_proj(value)
+        hd = self.head_dim
+        heads = [lesson02.scaled_dot_product_attention(q[..., i*hd:(i+1)*hd], k[..., i*hd:(i+1)*hd], v[..., i*hd:(i+1)*hd], mask)[0] for i in range(self.num_heads)]
+        return torch.cat(heads, dim=-1) @ self.out_proj.weight + self.out_proj.bias  # W not transposed
+
+
+class SlicedChunkEinsum(lesson02.SlicedMultiHeadAttention):
+    """Right, in another style: chunk, einsum, a hand-written softmax, -1e9 fill, float64 inside."""
+
+    def forward(self, query, key, value, mask=None):
+        qs = self.q_proj(query).double().chunk(self.num_heads, dim=-1)
+        ks = self.k_proj(key).double().chunk(self.num_heads, dim=-1)
+        vs = self.v_proj(value).double().chunk(self.num_heads, dim=-1)
+        heads = []
+        for q, k, v in zip(qs, ks, vs):
+            scores = torch.einsum("bqd,bkd->bqk", q, k) / q.size(-1) ** 0.5
+            if mask is not None:
+                scores = scores.masked_fill(mask == 0, -1e9)
+            e = (scores - scores.amax(-1, keepdim=True)).exp()
+            heads.append(torch.einsum("bqk,bkd->bqd", e / e.sum(-1, keepdim=True), v))
+        return self.out_proj(torch.cat(heads, dim=-1).float())
 
 
 class TodoMHA(nn.Module):
@@ -341,18 +553,18 @@ class MinusInfMHA(LearnerMHA):
 def test_multi_head_attention_correct_passes(cls, capsys):
     assert passes(check_multi_head_attention, cls)
     out = capsys.readouterr().out
-    assert out == "check_multi_head_attention: all 6 cases match course_lib's reference. Well done!\n"
+    assert out == "check_multi_head_attention: all 7 cases match course_lib's reference. Well done!\n"
 
 
 @pytest.mark.parametrize(
     "cls, words",
     [(MinusInfMHA, r"your output holds NaN"), (LearnerMHA, r"your output holds NaN"),
-     (EinsumAnnotatedMHA, r"zero weights.*finite number")],
+     (EinsumAnnotatedMHA, r"zero weights.*finite number"), (SlicedChunkEinsum, r"zero weights.*finite number")],
 )
 def test_multi_head_attention_failing_only_on_an_unasked_input_passes_and_names_it(cls, words, capsys):
     assert passes(check_multi_head_attention, cls)
     out = capsys.readouterr().out
-    assert out.count("\n") == 1 and "all 6 cases match course_lib's reference. Well done!" in out
+    assert out.count("\n") == 1 and "all 7 cases match course_lib's reference. Well done!" in out
     assert "Not asked by the exercise" in out and "a sequence that is all padding" in out
     assert re.search(words, out)
 
@@ -367,11 +579,18 @@ def test_yours_or_reference_picks_the_learner_split_once_it_passed(capsys):
     assert yours_or_reference(my_split, reference_split_heads) is my_split
 
 
-def test_course_lib_multi_head_attention_passes(capsys):
-    from course_lib import MultiHeadAttention
-
-    assert passes(check_multi_head_attention, MultiHeadAttention)  # forward may also take return_attention
-    assert "Well done" in capsys.readouterr().out
+@pytest.mark.parametrize(
+    "cls, words",
+    [
+        (course_lib_mha, r"handed in course_lib's own `MultiHeadAttention`"),
+        (SubclassOfCourseLib, r"handed in course_lib's own `MultiHeadAttention`"),
+        (WrapsCourseLib, r"holds course_lib's MultiHeadAttention"),
+        (CallsReferenceSplit, r"calls course_lib's `reference_split_heads`"),
+    ],
+)
+def test_multi_head_attention_names_course_libs_own_code(cls, words):
+    with pytest.raises(AssertionError, match=words):
+        check_multi_head_attention(cls)
 
 
 @pytest.mark.parametrize(
@@ -388,6 +607,31 @@ def test_course_lib_multi_head_attention_passes(capsys):
         (variant("MaskInverted", invert_mask=True), r"mask inverted"),
         (variant("NoScaling", scale="none"), r"no scaling of the scores"),
         (variant("ScaledByDModel", scale="d_model"), r"scaled by sqrt\(d_model\) instead of sqrt\(head_dim\)"),
+        (variant("ScaledTwice", scale="twice"), r"scores scaled twice"),
+        (SlicedScaledTwice, r"scores scaled twice"),
+        (variant("SoftmaxOverQueries", softmax_dim=-2), r"softmax over the queries \(dim=-2\)"),
+        (variant("MaskAfterSoftmax", mask_after_softmax=True), r"mask applied after the softmax"),
+        (variant("SplitInterleaved", split="interleaved"), r"every num_heads-th column"),
+        (SlicedStrided, r"every num_heads-th column"),
+        (variant("MergeInterleaved", merge="interleaved"), r"heads interleaved when merged"),
+        (variant("OneHead", one_head=True), r"one head of width d_model"),
+        (variant("KeyValueSwapped", inputs="kv_swapped"), r"\(cross-attention, key != value\): key and value "
+                                                          r"inputs swapped"),
+        (variant("KeysFromQuery", inputs="query_only"), r"\(cross-attention, L_q=3 != L_k=6\).*keys and values "
+                                                        r"taken from the query"),
+        (variant("AllThroughQProj", projections=("q", "q", "q")),
+         r"projections mixed up \(query through q_proj, key through q_proj, value through q_proj\)"),
+        (variant("ValueThroughKProj", projections=("q", "k", "k")), r"value through k_proj"),
+        (variant("QKSwapped", projections=("k", "q", "v")), r"query through k_proj, key through q_proj"),
+        (variant("KeyNotProjected", projections=("q", "x", "v")), r"key not projected"),
+        (NoVProj, r"value not projected"),
+        (FillZero, r"hidden scores set to 0 instead of -inf"),
+        (OutProjPerHead, r"W\^O applied untransposed"),
+        (CatDim1, r"projection got 8 features per position instead of d_model = 24.*torch\.cat\(heads, dim=-1\)"),
+        (HardHd, r"a size fixed in the code.*d_model=12 with num_heads=4"),
+        (MaskUnsqueezedSliced, r"raised ValueError \(self-attention with a padding mask.*sliced version.*do not add an "
+                               r"axis"),
+        (KTransposed12, r"raised RuntimeError \(self-attention, no mask\).*k\.transpose\(-2, -1\)"),
         (WrongShapeMHA, r"Wrong output shape.*\(B, L_q, d_model\)"),
         (NoMaskArgument, r"forward does not take a mask.*forward\(query, key, value, mask=None\)"),
         (RenamedMHA, r"state_dict names differ.*Missing: \['out_proj\.bias', 'out_proj\.weight'\].*W_o"),

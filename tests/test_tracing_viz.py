@@ -116,6 +116,35 @@ def test_plot_attention_heads_returns_a_figure_with_one_panel_per_head():
     assert fig._suptitle is not None and fig._suptitle.get_text() == "Attention per head"
     titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
     assert titles == [f"head {i}" for i in range(6)]
+    # One colour scale, 0 to 1, for every head (a weak head must look weak), shown by one colorbar.
+    heads = [ax for ax in fig.axes if ax.get_title().startswith("head")]
+    assert {ax.images[0].get_clim() for ax in heads} == {(0.0, 1.0)}
+    assert "same scale" in fig.axes[-1].get_ylabel()
+
+
+def test_plot_attention_keeps_its_own_scale_unless_told():
+    weights = torch.tensor([[0.2, 0.1], [0.05, 0.15]])
+    assert viz.plot_attention(weights).images[0].get_clim() == pytest.approx((0.0, 0.2))
+    assert viz.plot_attention(weights, vmax=1.0).images[0].get_clim() == (0.0, 1.0)
+
+
+def test_plot_neuron_view_static_shows_query_keys_products_scores_and_weights():
+    tokens = ["[CLS]", "time", "flies", "[SEP]"]
+    q, k = torch.randn(4, 6), torch.randn(4, 6)
+    fig = viz.plot_neuron_view_static(q, k, tokens, query_index=2, title="demo")
+    titles = [ax.get_title() for ax in fig.axes]
+    assert "query q of 'flies' (6 numbers)" in titles and "q × k, elementwise" in titles
+    assert "softmax" in titles and any(t.startswith("q · k") for t in titles)
+    product = next(ax for ax in fig.axes if ax.get_title() == "q × k, elementwise")
+    assert product.images[0].get_array().shape == (4, 6)
+    softmax = next(ax for ax in fig.axes if ax.get_title() == "softmax")
+    expected = torch.softmax(k @ q[2] / 6 ** 0.5, -1)
+    shown = [float(t.get_text()) for t in softmax.texts]
+    assert shown == pytest.approx(expected.tolist(), abs=0.006)  # printed with 2 decimals
+    with pytest.raises(ValueError, match=r"L = len\(tokens\)=3"):
+        viz.plot_neuron_view_static(q, k, tokens[:3], query_index=0)
+    with pytest.raises(ValueError, match="query_index 4"):
+        viz.plot_neuron_view_static(q, k, tokens, query_index=4)
 
 
 def test_plot_mask():
@@ -141,7 +170,10 @@ def test_static_head_and_model_views():
     assert isinstance(ax, Axes) and "Head view" in ax.get_title()
     assert {t.get_text() for t in ax.texts} == set(tokens)
     fig = viz.plot_model_view_static([torch.softmax(torch.randn(3, 4, 4), -1) for _ in range(2)], tokens)
-    assert isinstance(fig, Figure) and len(fig.axes) == 6
+    assert isinstance(fig, Figure) and len(fig.axes) == 6 + 1  # 2 layers x 3 heads, one colorbar
+    panels = [ax for ax in fig.axes if ax.images]
+    assert all(ax.images[0].get_clim() == (0, 1) for ax in panels[:6])  # one scale for every panel
+    assert "same scale" in fig.axes[-1].get_ylabel()
     assert "layer 1" in [ax.get_ylabel() for ax in fig.axes]
     with pytest.raises(ValueError, match=r"L = len\(tokens\)=3"):
         viz.plot_head_view_static(torch.rand(3, 4, 4), tokens[:3])

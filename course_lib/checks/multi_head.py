@@ -16,9 +16,12 @@ functions, for ``yours_or_reference``.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
-from collections.abc import Callable, Sequence
+import re
+import sys
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -36,6 +39,10 @@ __all__ = [
     "check_view_prediction", "check_multi_head_attention",
     "reference_split_heads", "reference_merge_heads",
 ]
+
+
+def _name(obj: Any) -> str:
+    return getattr(obj, "__qualname__", None) or getattr(obj, "__name__", type(obj).__name__)
 
 
 def _first_tensor(out: Any) -> Any:
@@ -142,6 +149,60 @@ def check_parameter_count_prediction(fn: Callable[[], Any]) -> None:
 
 
 # ----------------------------------------------------------------------------------------------
+# Handing in course_lib's own code
+# ----------------------------------------------------------------------------------------------
+
+def _is_course_lib(obj: Any) -> bool:
+    """True for course_lib's own functions and classes (not the solutions of show_solution)."""
+    module = getattr(obj, "__module__", None) or ""
+    return module.startswith("course_lib") and not module.startswith("course_lib.solutions")
+
+
+@contextlib.contextmanager
+def _calls_to(functions: Sequence[Callable[..., Any]]) -> Iterator[list[str]]:
+    """Record the names of ``functions`` that run inside the block (Python-level calls only)."""
+    codes = {f.__code__: f.__qualname__ for f in functions}
+    called: list[str] = []
+    previous = sys.getprofile()
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if event == "call" and frame.f_code in codes:
+            called.append(codes[frame.f_code])
+
+    sys.setprofile(profile)
+    try:
+        yield called
+    finally:
+        sys.setprofile(previous)
+
+
+def _reject_reference(what: str, reference: str, exercise: str) -> None:
+    raise CheckFailure(
+        f"You handed in course_lib's own {reference}, the reference the checker compares with, so "
+        f"there is nothing of yours to check. Write {what} yourself (the lesson keeps using "
+        f"course_lib's until yours passes), or read a solution with show_solution(\"{exercise}\")."
+    )
+
+
+def _reject_call(what: str, called: list[str], exercise: str) -> None:
+    raise CheckFailure(
+        f"Your {what} calls course_lib's `{called[0]}`, the reference the checker compares with, "
+        f"so the checker would only test course_lib. Write the steps yourself, or read a solution "
+        f"with show_solution(\"{exercise}\")."
+    )
+
+
+def _run_own(fn: Callable[..., Any], what: str, exercise: str, *args: Any, case: str,
+             hint: str) -> Any:
+    """``run_learner``, failing if the learner's code calls course_lib's split/merge/attention."""
+    with _calls_to(_REFERENCE_FUNCTIONS) as called:
+        got = run_learner(fn, *args, case=case, hint=hint)
+    if called:
+        _reject_call(what, called, exercise)
+    return got
+
+
+# ----------------------------------------------------------------------------------------------
 # split_heads / merge_heads
 # ----------------------------------------------------------------------------------------------
 
@@ -152,33 +213,54 @@ def reference_split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
     return x.transpose(1, 2)  # (B, L, h, hd) -> (B, h, L, hd)
 
 
+_SPLIT_TRY = ("Try it on section 5's example: `split_heads(t, 3)[0, 1]` must equal "
+              "`target_head_1`, features 2 and 3 of every position; print yours and see whose "
+              "features it holds.")
+
 _SPLIT_MISTAKES = [
     Mistake(
         "heads split without the transpose",
         "`x.view(B, L, num_heads, head_dim)` is only half of the job: it groups the features of "
-        "each "
-        "position into heads, shape (B, L, num_heads, head_dim). Add `.transpose(1, 2)` so the "
-        "head axis "
-        "comes before the positions: (B, num_heads, L, head_dim).",
+        "each position into heads, shape (B, L, num_heads, head_dim). Add `.transpose(1, 2)` so "
+        "the head axis comes before the positions: (B, num_heads, L, head_dim).",
         lambda x, h: x.view(x.size(0), x.size(1), h, x.size(2) // h),
     ),
     Mistake(
         "reshaped straight to (B, num_heads, L, head_dim) without the transpose",
-        "The shape is right but the numbers are scrambled: reshape reads the features of position "
-        "0, then "
-        "position 1, ... and cuts them into rows of head_dim, so one 'head' holds pieces of "
-        "several "
-        "positions. First `view(B, L, num_heads, head_dim)` (features -> heads, per position), "
-        "then "
-        "`.transpose(1, 2)`. See the reshape picture in the lesson.",
+        "The shape is right but the numbers are scrambled: reshape reads the features of "
+        "position 0, then position 1, ... and cuts them into rows of head_dim, so one 'head' holds "
+        "pieces of several positions. First `view(B, L, num_heads, head_dim)` (features -> "
+        "heads, per position), then `.transpose(1, 2)`. " + _SPLIT_TRY,
         lambda x, h: x.reshape(x.size(0), h, x.size(1), x.size(2) // h),
+    ),
+    Mistake(
+        "transposed before splitting (x.transpose(1, 2), then a reshape to (B, num_heads, L, "
+        "head_dim))",
+        "Transposing (B, L, d_model) first gives (B, d_model, L): the reshape then cuts each "
+        "feature's row of positions into pieces, so a 'head' holds one feature of several "
+        "positions. Cut the features first, `view(B, L, num_heads, head_dim)`, then "
+        "`.transpose(1, 2)`. " + _SPLIT_TRY,
+        lambda x, h: x.transpose(1, 2).reshape(x.size(0), h, x.size(1), x.size(2) // h),
     ),
     Mistake(
         "heads take every num_heads-th feature (view(B, L, head_dim, num_heads))",
         "Head i must get the consecutive features i*head_dim ... (i+1)*head_dim - 1, so the head "
-        "axis "
-        "comes first in the view: `view(B, L, num_heads, head_dim)`, then `.transpose(1, 2)`.",
+        "axis comes first in the view: `view(B, L, num_heads, head_dim)`, then `.transpose(1, 2)`.",
         lambda x, h: x.view(x.size(0), x.size(1), x.size(2) // h, h).permute(0, 3, 1, 2),
+    ),
+    Mistake(
+        "num_heads and head_dim swapped in the view (view(B, L, head_dim, num_heads), then "
+        "transpose(1, 2))",
+        "The view must be `view(B, L, num_heads, head_dim)`: the head axis first, so that head i "
+        "gets the consecutive features i*head_dim ... (i+1)*head_dim - 1; then `.transpose(1, 2)`.",
+        lambda x, h: x.view(x.size(0), x.size(1), x.size(2) // h, h).transpose(1, 2),
+    ),
+    Mistake(
+        "the last two axes transposed (transpose(-2, -1)) instead of the positions and heads",
+        "After `view(B, L, num_heads, head_dim)` the axes to swap are the positions (1) and the "
+        "heads (2): `.transpose(1, 2)`. `transpose(-2, -1)` swaps heads and head_dim, the habit "
+        "from `k.transpose(-2, -1)` in attention.",
+        lambda x, h: x.view(x.size(0), x.size(1), h, x.size(2) // h).transpose(-2, -1),
     ),
 ]
 
@@ -186,14 +268,27 @@ _SPLIT_MISTAKES = [
 @checker
 def check_split_heads(fn: Callable[[torch.Tensor, int], torch.Tensor]) -> None:
     """Check ``fn(x, num_heads)``: ``(B, L, d_model) -> (B, num_heads, L, head_dim)``."""
+    if fn is reference_split_heads or _is_course_lib(fn):
+        _reject_reference("split_heads", f"`{_name(fn)}`", "02.split_heads")
     cases = [((2, 5, 12), 3), ((1, 4, 8), 2), ((3, 7, 16), 4), ((2, 3, 6), 6), ((2, 4, 10), 1)]
     g = torch.Generator().manual_seed(2)
     for shape, h in cases:
         x = torch.randn(*shape, generator=g)
         case = f"x {shape}, num_heads={h}"
-        got = run_learner(fn, x.clone(), h, case=case,
-                          hint="Read B, L, d_model from x.shape; head_dim = d_model // num_heads.")
         B, L, d = shape
+        try:
+            got = _run_own(fn, "split_heads", "02.split_heads", x.clone(), h, case=case,
+                           hint="Read B, L, d_model from x.shape; head_dim = d_model // num_heads.")
+        except CheckFailure as failure:
+            err = failure.__cause__
+            if isinstance(err, RuntimeError) and "is invalid for input of size" in str(err):
+                raise CheckFailure(
+                    f"Likely mistake ({case}): sizes fixed in the code instead of read from the "
+                    f"input. Your view asked for {str(err).split(' is invalid')[0]}, which does "
+                    f"not hold the {B * L * d} numbers of x: read B, L, d_model from x.shape and "
+                    f"use the argument num_heads, with head_dim = d_model // num_heads = {d // h}."
+                ) from None
+            raise
         _compare_any_shape(
             got, reference_split_heads(x, h), (x, h), _SPLIT_MISTAKES, case,
             "split_heads(x, num_heads)",
@@ -213,12 +308,10 @@ _MERGE_MISTAKES = [
     Mistake(
         "heads merged in the wrong order (reshape or view without the transpose)",
         "Reshaping (or viewing) (B, num_heads, L, head_dim) straight to (B, L, d_model) reads head "
-        "0's rows "
-        "first, so output position 0 gets head 0's features of positions 0, 1, ... The shape is "
-        "right and "
-        "nothing crashes, which is why this bug is silent. First `.transpose(1, 2)` -> (B, L, "
-        "num_heads, "
-        "head_dim), then `.reshape(B, L, d_model)` (or `.contiguous().view(B, L, d_model)`).",
+        "0's rows first, so output position 0 gets head 0's features of positions 0, 1, ... The "
+        "shape is right and nothing crashes, which is why this bug is silent. First "
+        "`.transpose(1, 2)` -> (B, L, num_heads, head_dim), then `.reshape(B, L, d_model)` (or "
+        "`.contiguous().view(B, L, d_model)`).",
         lambda x: x.reshape(x.size(0), x.size(2), x.size(1) * x.size(3)),
     ),
     Mistake(
@@ -227,12 +320,47 @@ _MERGE_MISTAKES = [
         "`.reshape(B, L, num_heads * head_dim)` to concatenate the heads.",
         lambda x: x.transpose(1, 2),
     ),
+    Mistake(
+        "the last two axes transposed (transpose(2, 3)) before the reshape",
+        "`transpose(2, 3)` swaps the positions and head_dim, (B, num_heads, head_dim, L); the "
+        "reshape then mixes positions. Swap the heads and the positions, `.transpose(1, 2)` -> "
+        "(B, L, num_heads, head_dim), then `.reshape(B, L, d_model)`.",
+        lambda x: x.transpose(2, 3).reshape(x.size(0), x.size(2), x.size(1) * x.size(3)),
+    ),
+    Mistake(
+        "heads interleaved (head_dim before num_heads when merging, e.g. permute(0, 2, 3, 1))",
+        "Each position's output must hold head 0's head_dim features, then head 1's, ...: the axes "
+        "before the reshape must be (B, L, num_heads, head_dim), `.transpose(1, 2)`. With "
+        "(B, L, head_dim, num_heads) the heads' features are interleaved.",
+        lambda x: x.permute(0, 2, 3, 1).reshape(x.size(0), x.size(2), x.size(1) * x.size(3)),
+    ),
+    Mistake(
+        "heads concatenated along the positions (dim=1), not along the features",
+        "Concat(head_1, ..., head_h) puts each position's heads side by side: "
+        "`torch.cat(heads, dim=-1)` on (B, L, head_dim) pieces, or `.transpose(1, 2).reshape(B, "
+        "L, d_model)`.",
+        lambda x: torch.cat(x.unbind(1), dim=1),
+    ),
+    Mistake(
+        "heads added up instead of concatenated",
+        "Merging concatenates the heads, (B, L, num_heads * head_dim); it does not sum or average "
+        "them. `.transpose(1, 2).reshape(B, L, num_heads * head_dim)`.",
+        lambda x: x.sum(dim=1),
+    ),
+    Mistake(
+        "heads averaged instead of concatenated",
+        "Merging concatenates the heads, (B, L, num_heads * head_dim); it does not sum or average "
+        "them. `.transpose(1, 2).reshape(B, L, num_heads * head_dim)`.",
+        lambda x: x.mean(dim=1),
+    ),
 ]
 
 
 @checker
 def check_merge_heads(fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
     """Check ``fn(x)``: ``(B, num_heads, L, head_dim) -> (B, L, num_heads * head_dim)``."""
+    if fn is reference_merge_heads or _is_course_lib(fn):
+        _reject_reference("merge_heads", f"`{_name(fn)}`", "02.merge_heads")
     cases = [(2, 3, 5, 4), (1, 2, 4, 4), (3, 4, 7, 2), (2, 1, 3, 6)]
     g = torch.Generator().manual_seed(3)
     for shape in cases:
@@ -240,18 +368,23 @@ def check_merge_heads(fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
         x = torch.randn(*shape, generator=g)
         case = f"x {shape}"
         try:
-            got = run_learner(fn, x.clone(), case=case, hint="Read B, num_heads, L, head_dim from "
-                                                             "x.shape.")
+            got = _run_own(fn, "merge_heads", "02.merge_heads", x.clone(), case=case,
+                           hint="Read B, num_heads, L, head_dim from x.shape.")
         except CheckFailure as failure:
             err = failure.__cause__
+            if isinstance(err, RuntimeError) and "is invalid for input of size" in str(err):
+                raise CheckFailure(
+                    f"Likely mistake ({case}): sizes fixed in the code instead of read from the "
+                    f"input. Your reshape asked for {str(err).split(' is invalid')[0]}, which "
+                    f"does not hold the {x.numel()} numbers of x: read B, num_heads, L, head_dim "
+                    "from x.shape."
+                ) from None
             if isinstance(err, RuntimeError) and "view" in str(err) and (
                     "contiguous" in str(err) or "compatible" in str(err)):
                 raise CheckFailure(
                     f"Likely mistake ({case}): `.view` after `.transpose`. transpose only swaps "
-                    f"two strides, so "
-                    "the (L, num_heads) axes you merge no longer lie back to back in memory, and "
-                    "view, which "
-                    f"never copies, cannot merge them (PyTorch: "
+                    "two strides, so the (num_heads, head_dim) axes you merge no longer lie back "
+                    "to back in memory, and view, which never copies, cannot merge them (PyTorch: "
                     f"'{str(err).splitlines()[0].split(' (')[0]}'). "
                     "Use `.reshape(...)`, or `.contiguous().view(...)`."
                 ) from None
@@ -343,16 +476,37 @@ def check_view_prediction(fn: Callable[[], Any]) -> None:
 # MultiHeadAttention
 # ----------------------------------------------------------------------------------------------
 
+_REFERENCE_FUNCTIONS = [
+    reference_split_heads, reference_merge_heads, MultiHeadAttention.forward,
+    MultiHeadAttention.attend, MultiHeadAttention.split_heads, MultiHeadAttention.merge_heads,
+]
+
+
 def _variant(
     ref: MultiHeadAttention,
     split: str = "ok",
     merge: str = "ok",
     scale: str = "head_dim",
-    out_proj: bool = True,
+    out_proj: bool | str = True,
     mask_mode: str = "ok",
+    softmax_dim: int = -1,
+    projections: tuple[str, str, str] = ("q", "k", "v"),
+    inputs: str = "ok",
+    one_head: bool = False,
 ) -> Callable[..., torch.Tensor]:
-    """A (possibly deliberately wrong) multi-head attention that uses ``ref``'s weights."""
+    """A (possibly deliberately wrong) multi-head attention that uses ``ref``'s weights.
+
+    split: "ok", "straight" (reshape to (B, h, L, hd)), "no_transpose", "interleaved" (head i
+    takes every h-th feature); merge: "ok", "straight", "interleaved"; scale: "head_dim", "none",
+    "d_model", "twice" (by head_dim); mask_mode: "ok", "ignored", "inverted", "after_softmax",
+    "fill_zero" (hidden scores set to 0); out_proj: True, False, "untransposed" (x @ W + b);
+    softmax_dim: -1, or -2 (over the queries); projections: which of q_proj/k_proj/v_proj
+    projects the query, key and value ("x": none); inputs: "ok", "query_only" (keys and values
+    from the query), "kv_swapped"; one_head: attention over the whole d_model, no split.
+    """
     h, hd, d = ref.num_heads, ref.head_dim, ref.d_model
+    if one_head:
+        h, hd = 1, d
 
     def split_fn(t: torch.Tensor) -> torch.Tensor:
         B, L, _ = t.shape
@@ -360,31 +514,52 @@ def _variant(
             return t.view(B, L, h, hd).transpose(1, 2)  # (B, h, L, hd)
         if split == "straight":
             return t.reshape(B, h, L, hd)  # scrambled
+        if split == "interleaved":
+            return t.view(B, L, hd, h).permute(0, 3, 1, 2)
         return t.view(B, L, h, hd)  # "no_transpose": attention then runs across heads
 
     def merge_fn(t: torch.Tensor, B: int, L_q: int) -> torch.Tensor:
         if merge == "ok":
             return t.transpose(1, 2).reshape(B, L_q, d)
+        if merge == "interleaved":
+            return t.permute(0, 2, 3, 1).reshape(B, L_q, d)
         return t.reshape(B, L_q, d)
 
     @torch.no_grad()
     def run(query, key, value, mask=None):
         B, L_q, _ = query.shape
+        if inputs == "query_only":
+            key = value = query
+        elif inputs == "kv_swapped":
+            key, value = value, key
         if mask_mode == "ignored":
             mask = None
         elif mask_mode == "inverted" and mask is not None:
             mask = ~mask
         if mask is not None and mask.dim() in (2, 3):
             mask = mask.unsqueeze(-3)
-        q, k = split_fn(ref.q_proj(query)), split_fn(ref.k_proj(key))
-        v = split_fn(ref.v_proj(value))
-        # scaled_dot_product_attention divides by sqrt(head_dim); rescale q to get another divisor.
-        if scale == "none":
-            q = q * math.sqrt(hd)
-        elif scale == "d_model":
-            q = q * math.sqrt(hd) / math.sqrt(d)
-        heads, _ = scaled_dot_product_attention(q, k, v, mask)
+        proj = {"q": ref.q_proj, "k": ref.k_proj, "v": ref.v_proj, "x": lambda t: t}
+        q = split_fn(proj[projections[0]](query))
+        k = split_fn(proj[projections[1]](key))
+        v = split_fn(proj[projections[2]](value))
+        divisor = {"head_dim": math.sqrt(hd), "none": 1.0, "d_model": math.sqrt(d),
+                   "twice": float(hd)}[scale]
+        if softmax_dim == -1 and mask_mode not in ("after_softmax", "fill_zero"):
+            # course_lib's attention divides by sqrt(head_dim); rescale q to get another divisor.
+            heads, _ = scaled_dot_product_attention(q * math.sqrt(hd) / divisor, k, v, mask)
+        else:
+            scores = q @ k.transpose(-2, -1) / divisor
+            if mask is not None and mask_mode == "fill_zero":
+                scores = scores.masked_fill(~mask, 0.0)
+            elif mask is not None and mask_mode != "after_softmax":
+                scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+            weights = scores.softmax(dim=softmax_dim)
+            if mask is not None and mask_mode == "after_softmax":
+                weights = weights.masked_fill(~mask, 0.0)
+            heads = weights @ v
         merged = merge_fn(heads, B, L_q)
+        if out_proj == "untransposed":
+            return merged @ ref.out_proj.weight + ref.out_proj.bias
         return ref.out_proj(merged) if out_proj else merged
 
     return run
@@ -393,43 +568,91 @@ def _variant(
 def _mha_mistakes(ref: MultiHeadAttention) -> list[Mistake]:
     split_hint = (
         "Split with `.view(B, L, num_heads, head_dim).transpose(1, 2)` -> (B, num_heads, L, "
-        "head_dim): the "
-        "transpose puts the head axis before the positions, so that attention runs over positions "
-        "within each head."
+        "head_dim): the transpose puts the head axis before the positions, so that attention runs "
+        "over positions within each head."
     )
     merge_hint = (
         "Merge with `.transpose(1, 2).reshape(B, L_q, d_model)`: transpose back to (B, L_q, "
-        "num_heads, head_dim) "
-        "before concatenating the heads."
+        "num_heads, head_dim) before concatenating the heads."
     )
-    out = [Mistake("missing output "
-                   "projection", "Apply `self.out_proj` (W^O) to the concatenated heads; "
-                   "MultiHead(Q, K, V) = Concat(head_1, ..., head_h) "
-                   "W^O.", _variant(ref, out_proj=False))]
+    slice_hint = (
+        "Head i takes the consecutive columns i*head_dim ... (i+1)*head_dim - 1 of q, k and v, "
+        "`q[..., i * head_dim:(i + 1) * head_dim]`, not every num_heads-th column "
+        "(`q[..., i::num_heads]`)."
+    )
+    out = [Mistake("missing output projection",
+                   "Apply `self.out_proj` (W^O) to the concatenated heads; "
+                   "MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O.",
+                   _variant(ref, out_proj=False))]
     for split in ("straight", "no_transpose"):
         for merge in ("straight", "ok"):
-            out.append(Mistake("heads split without the "
-                               "transpose", split_hint, _variant(ref, split=split, merge=merge)))
+            out.append(Mistake("heads split without the transpose", split_hint,
+                               _variant(ref, split=split, merge=merge)))
     out += [
         Mistake("heads merged in the wrong order (no transpose before the reshape)", merge_hint,
                 _variant(ref, merge="straight")),
-        Mistake("mask ignored", "Pass `mask` on to scaled_dot_product_attention (add the head axis "
-                                "first: "
-                "a (B, L_q, L_k) or (L_q, L_k) mask becomes (..., 1, L_q, L_k) with "
-                "`mask.unsqueeze(-3)`).",
-                _variant(ref, mask_mode="ignored")),
-        Mistake("mask inverted", "Masks are boolean with True = may attend (course_lib.masks); do "
-                                 "not pass `~mask`.",
-                _variant(ref, mask_mode="inverted")),
+        Mistake("heads take every num_heads-th column instead of a block of head_dim consecutive "
+                "ones", slice_hint, _variant(ref, split="interleaved")),
+        Mistake("heads interleaved when merged (head_dim before num_heads)",
+                "Concatenate whole heads: head 0's head_dim features, then head 1's, ... "
+                "(`torch.cat(heads, dim=-1)`, or `.transpose(1, 2).reshape(B, L_q, d_model)`).",
+                _variant(ref, merge="interleaved")),
+        Mistake("one head of width d_model instead of num_heads heads",
+                "Split q, k and v into num_heads heads of head_dim = d_model // num_heads columns "
+                "each and run attention per head; one softmax over the whole width is a single "
+                "head.", _variant(ref, one_head=True)),
+        Mistake("mask ignored", "Pass `mask` on to the attention (for the vectorised version add "
+                "the head axis first: a (B, 1, L_k) or (L_q, L_k) mask becomes (..., 1, L_q, L_k) "
+                "with `mask.unsqueeze(-3)`).", _variant(ref, mask_mode="ignored")),
+        Mistake("mask inverted", "Masks are boolean with True = may attend (course_lib.masks); "
+                "hide where the mask is False: `scores.masked_fill(~mask, ...)`, not "
+                "`masked_fill(mask, ...)`.", _variant(ref, mask_mode="inverted")),
+        Mistake("hidden scores set to 0 instead of -inf",
+                "A score of 0 still gets weight exp(0) in the softmax. Fill the hidden scores with "
+                "-inf (or a very negative number such as torch.finfo(scores.dtype).min), so that "
+                "their weight is 0.", _variant(ref, mask_mode="fill_zero")),
+        Mistake("mask applied after the softmax (weights zeroed, rows no longer sum to 1)",
+                "Hide the keys before the softmax: fill the hidden scores with -inf (or a very "
+                "negative number), then softmax, so the visible keys share all the weight.",
+                _variant(ref, mask_mode="after_softmax")),
+        Mistake("softmax over the queries (dim=-2) instead of the keys",
+                "Each query's weights over the keys must sum to 1: `softmax(dim=-1)` on scores "
+                "(..., L_q, L_k).", _variant(ref, softmax_dim=-2)),
         Mistake("no scaling of the scores", "Divide the scores by sqrt(head_dim) (or reuse "
-                "course_lib.scaled_dot_product_attention, which does "
-                "it).", _variant(ref, scale="none")),
-        Mistake("scaled by sqrt(d_model) instead of "
-                "sqrt(head_dim)", "Each head's dot products have head_dim "
-                "terms, so divide by sqrt(head_dim) = sqrt(d_model // num_heads), not by "
-                "sqrt(d_model).",
-                _variant(ref, scale="d_model")),
+                "course_lib.scaled_dot_product_attention, which does it).",
+                _variant(ref, scale="none")),
+        Mistake("scaled by sqrt(d_model) instead of sqrt(head_dim)", "Each head's dot products "
+                "have head_dim terms, so divide by sqrt(head_dim) = sqrt(d_model // num_heads), "
+                "not by sqrt(d_model).", _variant(ref, scale="d_model")),
+        Mistake("scores scaled twice (divided by head_dim, not sqrt(head_dim))",
+                "course_lib's scaled_dot_product_attention (and F.scaled_dot_product_attention) "
+                "already divide by sqrt(head_dim); do not scale q or the scores yourself as well.",
+                _variant(ref, scale="twice")),
+        Mistake("key and value inputs swapped (k_proj(value), v_proj(key))",
+                "forward(query, key, value): the keys come from `key`, the values from `value`; "
+                "in cross-attention they may differ.", _variant(ref, inputs="kv_swapped")),
+        Mistake("keys and values taken from the query input, not from key and value",
+                "Project `key` with k_proj and `value` with v_proj; in cross-attention they are "
+                "another sequence than `query`.", _variant(ref, inputs="query_only")),
     ]
+    out += [
+        Mistake("value not projected (v_proj unused)", "The values go through v_proj before "
+                "the heads average them: v = self.v_proj(value).",
+                _variant(ref, projections=("q", "k", "x"))),
+        Mistake("key not projected (k_proj unused)", "The keys go through k_proj: "
+                "k = self.k_proj(key).", _variant(ref, projections=("q", "x", "v"))),
+        Mistake("W^O applied untransposed (x @ out_proj.weight + bias)",
+                "nn.Linear stores its weight as (out_features, in_features) and computes "
+                "x @ weight.T + bias: call `self.out_proj(x)`.",
+                _variant(ref, out_proj="untransposed")),
+    ]
+    for names in (("q", "q", "q"), ("q", "q", "v"), ("q", "k", "k"), ("q", "v", "k"),
+                  ("k", "q", "v"), ("v", "k", "q"), ("k", "v", "q"), ("v", "q", "k")):
+        used = ", ".join(f"{role} through {n}_proj"
+                         for role, n in zip(("query", "key", "value"), names))
+        out.append(Mistake(f"projections mixed up ({used})",
+                           "The query goes through q_proj, the key through k_proj, the value "
+                           "through v_proj.", _variant(ref, projections=names)))
     return out
 
 
@@ -440,18 +663,24 @@ def _build(
     ref = MultiHeadAttention(d_model, num_heads).eval()
     model = run_learner(cls, d_model, num_heads, case=f"{cls.__name__}({d_model}, {num_heads})",
                         hint="The class is built as cls(d_model, num_heads).")
+    if isinstance(model, nn.Module) and any(isinstance(m, MultiHeadAttention)
+                                            for m in model.modules()):
+        raise CheckFailure(
+            f"Your {cls.__name__} holds course_lib's MultiHeadAttention, the reference the checker "
+            "compares with, so the checker would only test course_lib. Build the four projections "
+            "yourself and attend per head, or read a solution with "
+            "show_solution(\"02.sliced_attention\")."
+        )
     without_out_proj = set(ref.state_dict()) - {"out_proj.weight", "out_proj.bias"}
     if isinstance(model, nn.Module) and set(model.state_dict()) == without_out_proj:
         raise CheckFailure(
             "Likely mistake: missing output projection. Add `self.out_proj = nn.Linear(d_model, "
-            "d_model)` and "
-            "apply it to the concatenated heads."
+            "d_model)` and apply it to the concatenated heads."
         )
     load_reference_weights(
         model, ref.state_dict(), f"{cls.__name__}({d_model}, {num_heads})",
         f"Name the four projections q_proj, k_proj, v_proj, out_proj, each nn.Linear(d_model, "
-        f"d_model) = "
-        f"nn.Linear({d_model}, {d_model}), with bias.",
+        f"d_model) = nn.Linear({d_model}, {d_model}), with bias.",
     )
     return model.eval(), ref
 
@@ -501,10 +730,16 @@ def _run_case(
         with torch.no_grad():
             expected = ref(query, key, value, mask)
             try:
-                got = _first_tensor(run_learner(model, *args, case=where, hint=_MHA_CRASH_HINT))
+                with _calls_to(_REFERENCE_FUNCTIONS) as called:
+                    got = _first_tensor(run_learner(
+                        model, *args, case=where,
+                        hint=_MHA_CRASH_HINT if mask is not None else _MHA_CRASH_HINT_NO_MASK))
             except CheckFailure as failure:
-                failures.append((True, failure))
+                named = _named_crash(failure.__cause__, query.size(-1), where)
+                failures.append((named is None, named or failure))
                 continue
+        if called:
+            _reject_call(type(model).__name__, called, "02.sliced_attention")
         try:
             _compare_any_shape(
                 got, expected, (query, key, value, mask), mistakes, where, f"the output for "
@@ -526,10 +761,34 @@ def _run_case(
 
 
 _MHA_CRASH_HINT = (
-    "Check the shapes step by step. A mask from course_lib.masks is (B, 1, L_k) or (L_q, L_k): "
-    "give it a head "
-    "axis with `mask.unsqueeze(-3)` so that it broadcasts to the scores (B, num_heads, L_q, L_k)."
+    "Check the shapes step by step. A mask from course_lib.masks is (B, 1, L_k) or (L_q, L_k). "
+    "One head's scores, in the sliced version, are (B, L_q, L_k): the mask broadcasts as it is, "
+    "do not add an axis. All heads' scores at once are (B, num_heads, L_q, L_k): there, give the "
+    "mask a head axis with `mask.unsqueeze(-3)`."
 )
+_MHA_CRASH_HINT_NO_MASK = (
+    "Check the shapes step by step: each head's q, k and v are (B, L, head_dim) (or (B, "
+    "num_heads, L, head_dim) all at once); the scores are q @ k.transpose(-2, -1), the last two "
+    "axes of k swapped; the heads' outputs are concatenated on the last axis into "
+    "(B, L_q, d_model) before out_proj."
+)
+
+
+def _named_crash(err: BaseException | None, d_model: int, where: str) -> CheckFailure | None:
+    """A failure naming the mistake behind a crash, when the error message shows it."""
+    text = str(err)
+    found = re.search(r"mat1 and mat2 shapes cannot be multiplied \((\d+)x(\d+) and (\d+)x(\d+)\)",
+                      text)
+    if isinstance(err, RuntimeError) and found:
+        width = int(found.group(2))
+        if int(found.group(3)) == d_model and width != d_model:
+            return CheckFailure(
+                f"Likely mistake ({where}): a d_model x d_model projection got {width} features "
+                f"per position instead of d_model = {d_model}. If it is out_proj: concatenate the "
+                "heads on the last axis, `torch.cat(heads, dim=-1)`, or merge them back to "
+                "(B, L_q, d_model), before applying it."
+            )
+    return None
 
 
 def _extra_note(
@@ -564,20 +823,28 @@ def _extra_note(
 def check_multi_head_attention(cls: type[nn.Module]) -> None:
     """Check a multi-head attention class ``cls(d_model, num_heads)`` against course_lib's.
 
-    Asked (must pass): self- and cross-attention (L_q != L_k), a padding and a causal mask in any
-    layout course_lib's MultiHeadAttention accepts, and a second size. Not asked (a failure there
-    only adds a note to the success line): a sequence that is all padding, so some queries may
-    attend to no key.
+    Asked (must pass): self- and cross-attention (L_q != L_k, and key != value), a padding and a
+    causal mask in any layout course_lib's MultiHeadAttention accepts, and a second size. The sizes
+    make sqrt(head_dim), head_dim and sqrt(d_model) all differ, so every scaling mistake gives its
+    own numbers. Not asked (a failure there only adds a note to the success line): a sequence that
+    is all padding, so some queries may attend to no key.
     """
+    if cls is MultiHeadAttention or (
+            isinstance(cls, type) and issubclass(cls, MultiHeadAttention)
+            and cls.forward is MultiHeadAttention.forward):
+        _reject_reference("multi-head attention with slices", "`MultiHeadAttention`",
+                          "02.sliced_attention")
     g = torch.Generator().manual_seed(4)
-    d_model, h = 16, 4
+    d_model, h = 24, 3  # head_dim = 8: sqrt(head_dim) = 2.8, head_dim = 8, sqrt(d_model) = 4.9
     model, ref = _build(cls, d_model, h)
     ids = torch.tensor([[5, 6, 7, 8, 9, 0], [5, 6, 7, 0, 0, 0]])  # pad id 0
     x = torch.randn(2, 6, d_model, generator=g)
     q3 = torch.randn(2, 3, d_model, generator=g)
+    v6 = torch.randn(2, 6, d_model, generator=g)
     cases: list[tuple[str, tuple]] = [
         ("self-attention, no mask", (x, x, x, None)),
         ("cross-attention, L_q=3 != L_k=6", (q3, x, x, None)),
+        ("cross-attention, key != value", (q3, x, v6, None)),
         ("self-attention with a padding mask", (x, x, x, _padding_forms(ids))),
         ("cross-attention with a padding mask", (q3, x, x, _padding_forms(ids))),
         ("self-attention with a causal mask", (x, x, x, _causal_forms(2, 6))),
@@ -585,16 +852,24 @@ def check_multi_head_attention(cls: type[nn.Module]) -> None:
     mistakes = _mha_mistakes(ref)
     for case, (query, key, value, forms) in cases:
         _run_case(model, ref, case, query, key, value, forms, mistakes)
-    # A second size, so that a hard-coded number of heads or head_dim shows up.
-    model2, ref2 = _build(cls, 12, 3)
+    # A second size (other num_heads and head_dim), so that a hard-coded number shows up.
+    model2, ref2 = _build(cls, 12, 4)
     x2 = torch.randn(1, 4, 12, generator=g)
-    _run_case(model2, ref2, "d_model=12, num_heads=3", x2, x2, x2, None, _mha_mistakes(ref2))
+    try:
+        _run_case(model2, ref2, "d_model=12, num_heads=4", x2, x2, x2, None, _mha_mistakes(ref2))
+    except CheckFailure as failure:
+        if "Likely mistake" in str(failure):
+            raise
+        raise CheckFailure(
+            f"Likely mistake: a size fixed in the code. Every case with d_model=24 and num_heads=3 "
+            f"passed, but d_model=12 with num_heads=4 does not: compute num_heads and head_dim = "
+            f"d_model // num_heads from the constructor's arguments, not 3 or 8. ({failure})"
+        ) from failure.__cause__
     # Not asked: batch row 1 is all padding, so its queries may attend to no key at all.
     note = _extra_note(model, ref, "a sequence that is all padding (every key hidden)", x[:, :4],
                        _padding_forms(torch.tensor([[5, 6, 0, 0], [0, 0, 0, 0]])))
     if note:
         print(f"check_multi_head_attention: all {len(cases) + 1} cases match course_lib's "
-              f"reference. "
-              f"Well done!{note}")
+              f"reference. Well done!{note}")
     else:
         passed("check_multi_head_attention", len(cases) + 1)

@@ -7,7 +7,8 @@
   except the label and pad, ``0`` on pad; pad labels ignored; mean over the non-pad tokens.
 * ``check_greedy_decode(fn)``: ``fn(model, src (B, L_s), max_len, start_id) -> ids (B, max_len)``,
   reference ``course_lib.greedy_decode``; the cases include padded sources, so decoding without the
-  source mask is caught (the lesson's debug exercise).
+  source mask is caught. No exercise calls it any more (the missing mask is lesson 05's Debug
+  exercise); it stays for learners who write their own greedy loop after lesson 06's section on it.
 * ``check_smoothing_floor(fn)``: ``fn() -> float``, the predicted lowest loss of
   ``LabelSmoothingLoss(V=11, pad_id=0, smoothing=0.1)`` (a "predict, then run" question).
 * ``check_shift(fn)``: ``fn(tgt (B, L), sos_id) -> (tgt_in, tgt_out)``, both ``(B, L)``: decoder input

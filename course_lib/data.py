@@ -492,7 +492,9 @@ class DatesCorpus:
     The held-out set is chosen **by date**: ``num_heldout`` dates are drawn once (``seed``) and
     never appear in training, in any format. Each held-out date is written in one training format,
     the formats taking turns, so every format has the same share of the held-out set
-    (``heldout_pairs(fmt)`` writes all of them in one format instead).
+    (``heldout_pairs(fmt)`` writes all of them in one format instead). The held-out dates depend
+    on ``seed`` and ``num_heldout`` only, not on ``formats``: a corpus with more training formats
+    (lesson 08 adds the year-first form) is scored on the same unseen dates.
 
     Vocabularies are separate and character-level: ``src_vocab`` holds every character any format of
     ``DATE_FORMATS`` can produce (the held-out format included), ``tgt_vocab`` the digits and ``-``.

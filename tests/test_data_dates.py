@@ -117,6 +117,16 @@ def test_corpus_is_reproducible_and_seed_dependent():
     assert DatesCorpus(seed=3).heldout_dates != DatesCorpus(seed=4).heldout_dates
 
 
+def test_heldout_dates_do_not_depend_on_the_training_formats(corpus):
+    every_format = DatesCorpus(formats=list(DATE_FORMATS))  # lesson 08's remedy adds y/m/d
+    assert every_format.heldout_dates == corpus.heldout_dates
+    assert "numeric y/m/d" in {p.format for p in every_format.heldout}
+    g = torch.Generator().manual_seed(0)
+    drawn = every_format.sample_pairs(4000, g)
+    assert not any(every_format.is_heldout(p.date) for p in drawn)
+    assert {p.format for p in drawn} == set(DATE_FORMATS)
+
+
 def test_heldout_pairs_in_one_format(corpus):
     pairs = corpus.heldout_pairs("numeric y/m/d")
     assert [p.date for p in pairs] == corpus.heldout_dates

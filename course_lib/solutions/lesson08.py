@@ -17,25 +17,30 @@ def make_batch(pairs, src_vocab, tgt_vocab):
 
 # %% solution 08.shapes
 def predicted_shapes():
-    # B = 4 pairs; the longest source "Guten Morgen" has 12 characters;
-    # the longest target "good morning" has 12, so L_t = 12 + 1 (<sos> in, <eos> out)
+    # B = 4 pairs; the longest source "Entschuldigung" has 14 characters (no specials);
+    # the longest target "three dogs" has 10, so L_t = 10 + 1 (<sos> in tgt_in, <eos> in tgt_out)
     return {
-        "src": (4, 12),
-        "src_mask": (4, 1, 12),
-        "tgt_in": (4, 13),
-        "tgt_mask": (4, 13, 13),
-        "label_mask": (4, 13),
+        "src": (4, 14),
+        "src_mask": (4, 1, 14),        # one row per pair: it depends on the key only
+        "tgt_in": (4, 11),
+        "tgt_mask": (4, 11, 11),       # causal AND padding: a square per pair
+        "label_mask": (4, 11),         # one flag per label of tgt_out
     }
 
 # %% solution 08.translate
 @torch.no_grad()
 def my_translate(model, src, max_len, start_id, end_id):
-    """src (B, L_s) padded source ids -> (B, max_len) generated ids (greedy)."""
+    """src (B, L_s) padded source ids -> (B, <= max_len) generated ids (greedy)."""
     src_mask = padding_mask(src, model.config.pad_id)                # (B, 1, L_s)
     memory = model.encode(src, src_mask)                             # (B, L_s, d_model)
+    # fixed: start from the start symbol; torch.zeros gave id 0, which is <pad>
     ys = torch.full((src.size(0), 1), start_id, dtype=torch.long)    # (B, 1)
+    done = torch.zeros(src.size(0), dtype=torch.bool)                # (B,): rows that ended
     for _ in range(max_len):
-        hidden = model.decode(ys, memory, src_mask)                  # fixed: the source mask too
+        hidden = model.decode(ys, memory, src_mask)                  # (B, t, d_model)
         next_id = model.generator(hidden[:, -1]).argmax(dim=-1)      # (B,)
         ys = torch.cat([ys, next_id[:, None]], dim=1)                # (B, t + 1)
+        done |= next_id == end_id
+        if done.all():                                               # every row has ended
+            break
     return ys[:, 1:]

@@ -8,8 +8,10 @@ matches. Only if none matches does it fall back to a generic message with the la
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable, Sequence
+import sys
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,9 +23,39 @@ __all__ = [
     "broadcasts_to",
     "Mistake", "CheckFailure", "checker", "expect_shape", "expect_finite", "compare", "passed",
     "load_reference_weights", "run_learner", "has_passed", "yours_or_reference", "RESULTS",
+    "is_course_lib", "calls_to",
 ]
 
 ATOL = 1e-5
+
+
+def is_course_lib(obj: Any) -> bool:
+    """True for course_lib's own functions and classes (the references a checker compares with),
+    not for the solutions that ``show_solution`` displays."""
+    module = getattr(obj, "__module__", None) or ""
+    return module.split(".")[0] == "course_lib" and not module.startswith("course_lib.solutions")
+
+
+@contextlib.contextmanager
+def calls_to(functions: Sequence[Callable[..., Any]]) -> Iterator[list[Callable[..., Any]]]:
+    """Record which of ``functions`` run inside the block, in call order (Python-level calls).
+
+    A profile hook sees every route a learner may take to course_lib's reference: the function
+    itself, an alias, a wrapper, ``course_lib.module.function`` or a method that calls it.
+    """
+    codes = {f.__code__: f for f in functions}
+    called: list[Callable[..., Any]] = []
+    previous = sys.getprofile()
+
+    def profile(frame: Any, event: str, arg: Any) -> None:  # noqa: ARG001 (profiler signature)
+        if event == "call" and frame.f_code in codes:
+            called.append(codes[frame.f_code])
+
+    sys.setprofile(profile)
+    try:
+        yield called
+    finally:
+        sys.setprofile(previous)
 
 
 class CheckFailure(AssertionError):

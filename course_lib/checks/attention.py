@@ -19,7 +19,6 @@ own function, or a function that calls it, is reported as such instead of passin
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -29,7 +28,7 @@ from ..attention import scaled_dot_product_attention
 from ..masks import causal_mask, decoder_self_attention_mask, padding_mask
 from ._common import (
     CheckFailure, Mistake, broadcasts_to, checker, compare, expect_bool_mask, expect_finite, expect_shape, passed,
-    run_learner,
+    calls_to, run_learner,
 )
 
 __all__ = [
@@ -217,22 +216,11 @@ def _run_watching(fn: Callable[..., Any], references: tuple[Callable[..., Any], 
                   **kwargs: Any) -> tuple[Any, Callable[..., Any] | None]:
     """``run_learner(fn, *args, **kwargs)``, and which of course_lib's ``references`` ran meanwhile.
 
-    A profile hook watches the calls, so every route is seen: the function itself, a wrapper, an
-    alias, ``course_lib.attention.scaled_dot_product_attention`` or a module that calls it.
+    ``calls_to`` sees every route: the function itself, a wrapper, an alias,
+    ``course_lib.attention.scaled_dot_product_attention`` or a module that calls it.
     """
-    codes = {ref.__code__: ref for ref in references}
-    seen: list[Callable[..., Any]] = []
-
-    def watch(frame: Any, event: str, arg: Any) -> None:
-        if event == "call" and frame.f_code in codes:
-            seen.append(codes[frame.f_code])
-
-    previous = sys.getprofile()
-    sys.setprofile(watch)
-    try:
+    with calls_to(references) as seen:
         result = run_learner(fn, *args, **kwargs)
-    finally:
-        sys.setprofile(previous)
     return result, (seen[0] if seen else None)
 
 

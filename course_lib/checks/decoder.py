@@ -20,7 +20,7 @@ from ..masks import causal_mask, decoder_self_attention_mask, padding_mask
 from ._common import (
     CheckFailure, Mistake, broadcasts_to, checker, compare, expect_bool_mask, expect_shape,
     load_reference_weights,
-    passed, run_learner,
+    is_course_lib, passed, run_learner,
 )
 
 __all__ = [
@@ -42,8 +42,7 @@ def _is_course_lib(obj: Any) -> bool:
         return False
     if isinstance(obj, types.ModuleType):
         return obj.__name__.split(".")[0] == "course_lib"
-    module = getattr(obj, "__module__", None) or ""
-    return module.split(".")[0] == "course_lib"
+    return is_course_lib(obj)
 
 
 def _functions(candidate: Any) -> list[Any]:

@@ -26,6 +26,7 @@ from torch import nn
 from ..embeddings import TokenEmbedding, TransformerEmbedding, sinusoidal_positional_encoding
 from ._common import (
     CheckFailure,
+    is_course_lib,
     Mistake,
     checker,
     compare,
@@ -36,15 +37,9 @@ from ._common import (
     run_learner,
 )
 
-def _is_course_lib(obj) -> bool:
-    """True for course_lib's own functions and classes (the references), not for its solutions."""
-    module = getattr(obj, "__module__", "") or ""
-    return module.startswith("course_lib") and not module.startswith("course_lib.solutions")
-
-
 def _refuse_course_lib(candidate, what: str) -> None:
     """Fail if the learner handed in course_lib's own object instead of writing one."""
-    if candidate is sinusoidal_positional_encoding or _is_course_lib(candidate):
+    if candidate is sinusoidal_positional_encoding or is_course_lib(candidate):
         raise CheckFailure(
             f"This is course_lib's own `{getattr(candidate, '__name__', candidate)}`, the reference "
             f"the checker compares with, not code of yours: it passes trivially and teaches "
@@ -413,7 +408,7 @@ _TOKEN_CASES = [(11, 16, (2, 5)), (50, 64, (3, 7)), (7, 9, (1, 1)), (30, 4, (4, 
 def check_token_embedding(cls) -> None:
     """``cls(vocab_size, d_model)`` with ``self.embedding = nn.Embedding(...)``;
     ``forward(ids (B, L)) -> (B, L, d_model)`` = lookup x sqrt(d_model)."""
-    if _is_course_lib(cls):
+    if is_course_lib(cls):
         raise CheckFailure(f"This is course_lib's own `{getattr(cls, '__name__', cls)}`, not a "
                            "class of yours: write the token embedding yourself.")
     for n, (vocab_size, d_model, shape) in enumerate(_TOKEN_CASES):
@@ -531,7 +526,7 @@ def check_embedding_layer(cls) -> None:
 
     ``forward(ids) = dropout(norm(token(ids) + position(0..L-1)))``.
     """
-    if _is_course_lib(cls):
+    if is_course_lib(cls):
         raise CheckFailure(
             f"This is course_lib's own `{getattr(cls, '__name__', cls)}`, not a class of yours. "
             "Write `BertStyleEmbedding` with the submodules the exercise lists."

@@ -14,7 +14,7 @@ from ..layers import EncoderLayer, FeedForward
 from ..masks import causal_mask
 from ._common import (
     CheckFailure, Mistake, checker, compare, expect_shape, load_reference_weights, passed,
-    run_learner,
+    is_course_lib, run_learner,
 )
 
 __all__ = [
@@ -23,16 +23,10 @@ __all__ = [
 ]
 
 
-def _is_course_lib(obj: Any) -> bool:
-    """True for course_lib's own functions and classes (the references), not for its solutions."""
-    module = getattr(obj, "__module__", "") or ""
-    return module.startswith("course_lib") and not module.startswith("course_lib.solutions")
-
-
 def _refuse_reference(candidate: Any, what: str, also: tuple[Any, ...] = ()) -> None:
     """Fail if the learner handed in course_lib's (or PyTorch's) own object instead of writing one."""
-    if _is_course_lib(candidate) or any(candidate is ref for ref in also):
-        owner = "course_lib" if _is_course_lib(candidate) else "PyTorch"
+    if is_course_lib(candidate) or any(candidate is ref for ref in also):
+        owner = "course_lib" if is_course_lib(candidate) else "PyTorch"
         raise CheckFailure(
             f"This is {owner}'s own `{getattr(candidate, '__name__', candidate)}`, not code of "
             f"yours: it passes trivially and teaches nothing. Write {what} yourself."

@@ -17,7 +17,6 @@
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -27,7 +26,7 @@ from ..attention import MultiHeadAttention
 from ..decoding import filter_logits, greedy_decode
 from ..masks import causal_mask
 from ..model import Transformer, TransformerConfig
-from ._common import CheckFailure, checker, expect_shape, passed, run_learner
+from ._common import CheckFailure, calls_to, checker, expect_shape, is_course_lib, passed, run_learner
 
 __all__ = ["check_decoder_work", "check_cached_self_attention", "check_top_p_filter"]
 
@@ -299,18 +298,8 @@ def _dropped(x: torch.Tensor) -> torch.Tensor:
 
 def _calls(fn: Callable[..., Any], target: Callable[..., Any], *args: Any) -> tuple[Any, bool]:
     """Run ``fn(*args)``; also say whether ``target`` (a Python function) ran during the call."""
-    code, seen = target.__code__, []
-
-    def profile(frame, event, arg):  # noqa: ARG001 (the profiler's signature)
-        if event == "call" and frame.f_code is code:
-            seen.append(True)
-
-    previous = sys.getprofile()
-    sys.setprofile(profile)
-    try:
+    with calls_to([target]) as seen:
         result = run_learner(fn, *args, case="your function", hint="")
-    finally:
-        sys.setprofile(previous)
     return result, bool(seen)
 
 
@@ -429,10 +418,7 @@ def check_top_p_filter(fn: Callable[..., Any]) -> None:
         ("tiny p=0.01 keeps the top token", torch.randn(3, 6, generator=gen), 0.01),
         ("mass exactly p (float64, probabilities 1/2, 1/4, 1/8, 1/8), p=0.75", exact, 0.75),
     ]
-    module = getattr(fn, "__module__", None) or ""
-    if fn is filter_logits or (
-        module.startswith("course_lib") and not module.startswith("course_lib.solutions")
-    ):
+    if fn is filter_logits or is_course_lib(fn):
         raise CheckFailure(
             "You handed in course_lib's own function, not yours: the exercise is to write the "
             "nucleus filter yourself (the lesson uses course_lib's filter_logits until yours "

@@ -16,12 +16,10 @@ functions, for ``yours_or_reference``.
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import math
 import re
-import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -31,7 +29,7 @@ from ..attention import MultiHeadAttention, scaled_dot_product_attention
 from ..masks import causal_mask, padding_mask
 from ._common import (
     CheckFailure, Mistake, _close, checker, compare, expect_shape, load_reference_weights, passed,
-    run_learner,
+    calls_to, is_course_lib, run_learner,
 )
 
 __all__ = [
@@ -152,30 +150,6 @@ def check_parameter_count_prediction(fn: Callable[[], Any]) -> None:
 # Handing in course_lib's own code
 # ----------------------------------------------------------------------------------------------
 
-def _is_course_lib(obj: Any) -> bool:
-    """True for course_lib's own functions and classes (not the solutions of show_solution)."""
-    module = getattr(obj, "__module__", None) or ""
-    return module.startswith("course_lib") and not module.startswith("course_lib.solutions")
-
-
-@contextlib.contextmanager
-def _calls_to(functions: Sequence[Callable[..., Any]]) -> Iterator[list[str]]:
-    """Record the names of ``functions`` that run inside the block (Python-level calls only)."""
-    codes = {f.__code__: f.__qualname__ for f in functions}
-    called: list[str] = []
-    previous = sys.getprofile()
-
-    def profile(frame: Any, event: str, arg: Any) -> None:
-        if event == "call" and frame.f_code in codes:
-            called.append(codes[frame.f_code])
-
-    sys.setprofile(profile)
-    try:
-        yield called
-    finally:
-        sys.setprofile(previous)
-
-
 def _reject_reference(what: str, reference: str, exercise: str) -> None:
     raise CheckFailure(
         f"You handed in course_lib's own {reference}, the reference the checker compares with, so "
@@ -184,9 +158,9 @@ def _reject_reference(what: str, reference: str, exercise: str) -> None:
     )
 
 
-def _reject_call(what: str, called: list[str], exercise: str) -> None:
+def _reject_call(what: str, called: list[Callable[..., Any]], exercise: str) -> None:
     raise CheckFailure(
-        f"Your {what} calls course_lib's `{called[0]}`, the reference the checker compares with, "
+        f"Your {what} calls course_lib's `{called[0].__qualname__}`, the reference the checker compares with, "
         f"so the checker would only test course_lib. Write the steps yourself, or read a solution "
         f"with show_solution(\"{exercise}\")."
     )
@@ -195,7 +169,7 @@ def _reject_call(what: str, called: list[str], exercise: str) -> None:
 def _run_own(fn: Callable[..., Any], what: str, exercise: str, *args: Any, case: str,
              hint: str) -> Any:
     """``run_learner``, failing if the learner's code calls course_lib's split/merge/attention."""
-    with _calls_to(_REFERENCE_FUNCTIONS) as called:
+    with calls_to(_REFERENCE_FUNCTIONS) as called:
         got = run_learner(fn, *args, case=case, hint=hint)
     if called:
         _reject_call(what, called, exercise)
@@ -268,7 +242,7 @@ _SPLIT_MISTAKES = [
 @checker
 def check_split_heads(fn: Callable[[torch.Tensor, int], torch.Tensor]) -> None:
     """Check ``fn(x, num_heads)``: ``(B, L, d_model) -> (B, num_heads, L, head_dim)``."""
-    if fn is reference_split_heads or _is_course_lib(fn):
+    if fn is reference_split_heads or is_course_lib(fn):
         _reject_reference("split_heads", f"`{_name(fn)}`", "02.split_heads")
     cases = [((2, 5, 12), 3), ((1, 4, 8), 2), ((3, 7, 16), 4), ((2, 3, 6), 6), ((2, 4, 10), 1)]
     g = torch.Generator().manual_seed(2)
@@ -359,7 +333,7 @@ _MERGE_MISTAKES = [
 @checker
 def check_merge_heads(fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
     """Check ``fn(x)``: ``(B, num_heads, L, head_dim) -> (B, L, num_heads * head_dim)``."""
-    if fn is reference_merge_heads or _is_course_lib(fn):
+    if fn is reference_merge_heads or is_course_lib(fn):
         _reject_reference("merge_heads", f"`{_name(fn)}`", "02.merge_heads")
     cases = [(2, 3, 5, 4), (1, 2, 4, 4), (3, 4, 7, 2), (2, 1, 3, 6)]
     g = torch.Generator().manual_seed(3)
@@ -730,7 +704,7 @@ def _run_case(
         with torch.no_grad():
             expected = ref(query, key, value, mask)
             try:
-                with _calls_to(_REFERENCE_FUNCTIONS) as called:
+                with calls_to(_REFERENCE_FUNCTIONS) as called:
                     got = _first_tensor(run_learner(
                         model, *args, case=where,
                         hint=_MHA_CRASH_HINT if mask is not None else _MHA_CRASH_HINT_NO_MASK))

@@ -28,7 +28,7 @@ import torch
 from ..data import CharVocab, DatesCorpus, make_translation_batch, pad_sequences
 from ..decoding import greedy_decode
 from ..masks import padding_mask
-from ._common import CheckFailure, checker, expect_shape, run_learner
+from ._common import CheckFailure, checker, expect_shape, is_course_lib, run_learner
 
 __all__ = ["check_make_batch", "check_batch_shapes", "check_translate"]
 
@@ -44,8 +44,7 @@ def _course_lib_name(fn: Any, references: Sequence[Any]) -> str | None:
     Catches ``check(make_translation_batch)``, ``check(course_lib.training.translate)`` and a
     one-line wrapper ``def make_batch(...): return make_translation_batch(...)``.
     """
-    module = getattr(fn, "__module__", None) or ""
-    if fn in references or module.split(".")[0] == "course_lib":
+    if fn in references or is_course_lib(fn):
         return getattr(fn, "__qualname__", getattr(fn, "__name__", repr(fn)))
     code, glob = getattr(fn, "__code__", None), getattr(fn, "__globals__", {})
     for name in getattr(code, "co_names", ()):
@@ -516,8 +515,7 @@ def check_translate(fn: Callable[..., Any], model: torch.nn.Module, corpus: Date
     does: greedy decoding with the source mask, compared as texts up to ``<eos>``."""
     from ..training import translate as _translate
 
-    module = getattr(fn, "__module__", None) or ""
-    if fn in (greedy_decode, _translate) or module.split(".")[0] == "course_lib":
+    if fn in (greedy_decode, _translate) or is_course_lib(fn):
         used = getattr(fn, "__qualname__", getattr(fn, "__name__", repr(fn)))
         raise CheckFailure(
             f"That is course_lib's own `{used}`, the reference this checker compares with, so it "

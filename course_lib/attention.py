@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .masks import check_mask
+from .masks import causal_mask, check_mask
 from .tracing import trace
 
 __all__ = ["scaled_dot_product_attention", "MultiHeadAttention", "set_fused_attention"]
@@ -163,16 +163,21 @@ class MultiHeadAttention(nn.Module):
         v: torch.Tensor,
         mask: torch.Tensor | None = None,
         return_attention: bool = False,
+        is_causal: bool = False,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Attend from ``query (B, L_q, d_model)`` to keys/values already projected and split,
-        ``k, v: (B, num_heads, L_k, head_dim)`` (from ``project_kv``). Masks as in ``forward``."""
+        ``k, v: (B, num_heads, L_k, head_dim)`` (from ``project_kv``). Masks and ``is_causal`` as in
+        ``forward``."""
+        if is_causal and mask is None:
+            mask = causal_mask(query.size(1), query.device)  # (L_q, L_k): the readable path needs it
         if mask is not None and mask.dim() in (2, 3):
             # (..., L_q, L_k) -> (..., 1, L_q, L_k): the same mask for all heads
             mask = mask.unsqueeze(-3)
         q = self.split_heads(self.q_proj(query))  # (B, h, L_q, hd)
         trace("MultiHeadAttention", "q after split_heads", q)
         if self.fused and not return_attention:
-            heads = self._fused_attention(q, k, v, mask)  # (B, h, L_q, hd), no weights stored
+            # (B, h, L_q, hd), no weights stored; with is_causal the kernel skips the mask
+            heads = self._fused_attention(q, k, v, None if is_causal else mask, is_causal)
             self.attn_weights = None
         else:
             # heads: (B, h, L_q, hd), weights: (B, h, L_q, L_k)
@@ -184,12 +189,15 @@ class MultiHeadAttention(nn.Module):
         return (out, weights) if return_attention else out
 
     def _fused_attention(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+        is_causal: bool = False,
     ) -> torch.Tensor:
         """``F.scaled_dot_product_attention``: same masks (True = may attend); no weights stored."""
         if mask is not None:
             check_mask(mask, (*q.shape[:-1], k.size(-2)), "MultiHeadAttention (fused)")
         p = self.dropout.p if self.training else 0.0  # dropout on the weights during training only
+        if is_causal:  # every query sees at least itself: no row to zero afterwards
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
         heads = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
         if mask is not None:
             # A query that sees no key gets zeros, exactly as in the readable path (the pinned torch
@@ -204,6 +212,7 @@ class MultiHeadAttention(nn.Module):
         value: torch.Tensor,
         mask: torch.Tensor | None = None,
         return_attention: bool = False,
+        is_causal: bool = False,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Attend from ``query`` positions to ``key``/``value`` positions.
 
@@ -214,13 +223,21 @@ class MultiHeadAttention(nn.Module):
             mask:  bool, ``(L_q, L_k)``, ``(B, 1, L_k)``, ``(B, L_q, L_k)`` or already 4-D
                 ``(B, 1 or num_heads, L_q, L_k)``; ``True`` = may attend.
             return_attention: also return the weights ``(B, num_heads, L_q, L_k)``.
+            is_causal: a promise that ``mask`` is the causal mask (or None for it), as in a
+                decoder-only model (lesson 09). The fused path then runs PyTorch's causal kernel
+                without reading a mask (faster); the readable path uses the mask.
 
         Returns:
             ``(B, L_q, d_model)`` (and the weights when ``return_attention``).
         """
         self._check_inputs(query, key, value)
+        if is_causal and query.size(1) != key.size(1):
+            raise ValueError(
+                f"MultiHeadAttention: is_causal needs as many queries as keys, got {query.size(1)} "
+                f"and {key.size(1)}"
+            )
         k, v = self.project_kv(key, value)  # (B, h, L_k, hd) each
-        return self.attend(query, k, v, mask, return_attention)
+        return self.attend(query, k, v, mask, return_attention, is_causal)
 
 
 def set_fused_attention(model: nn.Module, enabled: bool) -> nn.Module:

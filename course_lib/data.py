@@ -176,16 +176,18 @@ class Vocab:
 
 class CharVocab:
     """Character-level vocabulary: ``<pad>=0, <sos>=1, <eos>=2`` (and ``<unk>=3`` if ``unk``), then
-    characters.
+    characters. With ``specials=False`` (a language model, lesson 09) only the characters (and
+    ``<unk>`` if asked): ``pad_id``, ``sos_id`` and ``eos_id`` are then None.
 
     Without ``unk`` an unknown character is an error that names it, instead of silently becoming
     ``<unk>``: on a closed corpus (like the dates) an unknown character means the data or the
     vocabulary is wrong.
     """
 
-    def __init__(self, chars: Iterable[str], unk: bool = False) -> None:
+    def __init__(self, chars: Iterable[str], unk: bool = False, specials: bool = True) -> None:
         self.has_unk = unk
-        self.itos: list[str] = [PAD, SOS, EOS] + ([UNK] if unk else [])
+        self.has_specials = specials
+        self.itos: list[str] = ([PAD, SOS, EOS] if specials else []) + ([UNK] if unk else [])
         for ch in chars:
             if len(ch) != 1:
                 raise ValueError(f"CharVocab: every entry must be one character, got {ch!r}")
@@ -194,10 +196,10 @@ class CharVocab:
         self.stoi = {tok: i for i, tok in enumerate(self.itos)}
 
     @classmethod
-    def build(cls, texts: Iterable[str], unk: bool = False) -> "CharVocab":
+    def build(cls, texts: Iterable[str], unk: bool = False, specials: bool = True) -> "CharVocab":
         """Every character that occurs in ``texts``, in sorted order (so the ids never depend on
         order)."""
-        return cls(sorted({ch for text in texts for ch in text}), unk=unk)
+        return cls(sorted({ch for text in texts for ch in text}), unk=unk, specials=specials)
 
     def __len__(self) -> int:
         return len(self.itos)
@@ -205,9 +207,17 @@ class CharVocab:
     def __contains__(self, ch: str) -> bool:
         return ch in self.stoi
 
-    pad_id = 0
-    sos_id = 1
-    eos_id = 2
+    @property
+    def pad_id(self) -> int | None:
+        return 0 if self.has_specials else None
+
+    @property
+    def sos_id(self) -> int | None:
+        return 1 if self.has_specials else None
+
+    @property
+    def eos_id(self) -> int | None:
+        return 2 if self.has_specials else None
 
     @property
     def unk_id(self) -> int | None:
@@ -243,6 +253,9 @@ class CharVocab:
         """Ids -> text; stops at ``<eos>`` and drops ``<pad>``/``<sos>`` when ``skip_special``."""
         out = []
         for i in ids:
+            if not 0 <= int(i) < len(self.itos):
+                raise ValueError(f"CharVocab.decode: id {int(i)} is outside the vocabulary "
+                                 f"(0 .. {len(self.itos) - 1})")
             tok = self.itos[int(i)]
             if skip_special and tok == EOS:
                 break

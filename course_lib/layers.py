@@ -11,6 +11,7 @@ Pre-LN (norm_first):  x = x + Dropout(Sublayer(LayerNorm(x)))   and one final La
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -19,9 +20,13 @@ from torch import nn
 from .attention import MultiHeadAttention
 from .tracing import trace
 
-__all__ = ["FeedForward", "EncoderLayer", "DecoderLayer", "Encoder", "Decoder", "LayerKVCache"]
+__all__ = [
+    "FeedForward", "EncoderLayer", "DecoderLayer", "Encoder", "Decoder", "LayerKVCache",
+    "cached_self_attention",
+]
 
-_ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}
+# "gelu_tanh": GELU's tanh approximation, the one GPT-2 uses (Hugging Face calls it "gelu_new").
+_ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "gelu_tanh": partial(F.gelu, approximate="tanh")}
 
 
 def _check_input(x: torch.Tensor, d_model: int, where: str, name: str = "x") -> None:
@@ -80,21 +85,39 @@ class EncoderLayer(nn.Module):
         self.dropout2 = nn.Dropout(dropout)
         self.norm_first = norm_first
 
-    def _self_attention(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        return self.dropout1(self.self_attn(x, x, x, mask))
+    def _self_attention(self, x: torch.Tensor, mask: torch.Tensor | None, is_causal: bool = False) -> torch.Tensor:
+        return self.dropout1(self.self_attn(x, x, x, mask, is_causal=is_causal))
 
     def _feed_forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.dropout2(self.feed_forward(x))
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
+        """``is_causal``: ``mask`` is the causal mask (a decoder-only model); see MultiHeadAttention."""
         _check_input(x, self.self_attn.d_model, "EncoderLayer")
         if self.norm_first:
-            x = x + self._self_attention(self.norm1(x), mask)
+            x = x + self._self_attention(self.norm1(x), mask, is_causal)
             x = x + self._feed_forward(self.norm2(x))
         else:
-            x = self.norm1(x + self._self_attention(x, mask))  # keep BOTH x and the attention output
+            x = self.norm1(x + self._self_attention(x, mask, is_causal))  # keep BOTH x and the attention output
             x = self.norm2(x + self._feed_forward(x))
         trace("EncoderLayer", "output", x)
+        return x
+
+    def step(self, x: torch.Tensor, cache: "LayerKVCache", mask: torch.Tensor | None = None) -> torch.Tensor:
+        """One generation step of a decoder-only model (lesson 09), where this layer runs with a
+        causal mask: only the newest position ``x (B, 1, d_model)`` goes through, its key and value
+        are appended to ``cache`` (``LayerKVCache.empty``), and the result equals row t of
+        ``forward`` on all t+1 positions with the causal mask. ``mask``: bool ``(B, 1, t+1)``
+        or None (see every position)."""
+        _check_input(x, self.self_attn.d_model, "EncoderLayer.step")
+        if x.size(1) != 1:
+            raise ValueError(f"EncoderLayer.step: x must be one position (B, 1, d_model), got {tuple(x.shape)}")
+        if self.norm_first:
+            x = x + self.dropout1(cached_self_attention(self.self_attn, self.norm1(x), cache, mask))
+            x = x + self._feed_forward(self.norm2(x))
+        else:
+            x = self.norm1(x + self.dropout1(cached_self_attention(self.self_attn, x, cache, mask)))
+            x = self.norm2(x + self._feed_forward(x))
         return x
 
 
@@ -106,18 +129,39 @@ class LayerKVCache:
                       positions decoded so far; ``DecoderLayer.step`` appends one row per step.
     cross_k, cross_v: ``(B, num_heads, L_s, head_dim)``: the cross-attention keys and values of the
                       memory; they never change, so they are computed once
-                      (``DecoderLayer.start_cache``).
+                      (``DecoderLayer.start_cache``). None in a layer without cross-attention
+                      (``EncoderLayer.step``: a decoder-only model, lesson 09).
     """
 
     self_k: torch.Tensor
     self_v: torch.Tensor
-    cross_k: torch.Tensor
-    cross_v: torch.Tensor
+    cross_k: torch.Tensor | None = None
+    cross_v: torch.Tensor | None = None
+
+    @classmethod
+    def empty(cls, batch_size: int, attn: MultiHeadAttention, like: torch.Tensor) -> "LayerKVCache":
+        """A cache with no position yet and no cross-attention: ``self_k/v (B, h, 0, head_dim)``."""
+        empty = like.new_zeros(batch_size, attn.num_heads, 0, attn.head_dim)  # (B, h, 0, hd)
+        return cls(empty, empty)
 
     def reorder(self, index: torch.Tensor) -> "LayerKVCache":
         """Keep batch rows ``index`` (B_new,), in that order (beam search reorders its beams)."""
-        return LayerKVCache(*(t.index_select(0, index) for t in
+        return LayerKVCache(*(t.index_select(0, index) if t is not None else None for t in
                               (self.self_k, self.self_v, self.cross_k, self.cross_v)))
+
+
+def cached_self_attention(
+    attn: MultiHeadAttention, h: torch.Tensor, cache: LayerKVCache, mask: torch.Tensor | None
+) -> torch.Tensor:
+    """Self-attention of the newest position ``h (B, 1, d_model)`` over every position so far.
+
+    Projects only the new row's key and value, appends them to ``cache.self_k/v`` (in place), then
+    attends. Append FIRST: the new position must see itself, as it does in the full causal mask.
+    """
+    k, v = attn.project_kv(h, h)  # (B, h, 1, hd): the new row only
+    cache.self_k = torch.cat([cache.self_k, k], dim=2)  # (B, h, t, hd) -> (B, h, t+1, hd)
+    cache.self_v = torch.cat([cache.self_v, v], dim=2)
+    return attn.attend(h, cache.self_k, cache.self_v, mask)  # (B, 1, d_model)
 
 
 class DecoderLayer(nn.Module):
@@ -221,11 +265,7 @@ class DecoderLayer(nn.Module):
             )
 
         def self_attention(h: torch.Tensor) -> torch.Tensor:  # h: (B, 1, d_model)
-            k, v = self.self_attn.project_kv(h, h)  # (B, h, 1, hd): the new row only
-            # Append FIRST: the new position must see itself, as it does in the full causal mask.
-            cache.self_k = torch.cat([cache.self_k, k], dim=2)  # (B, h, t, hd) -> (B, h, t+1, hd)
-            cache.self_v = torch.cat([cache.self_v, v], dim=2)
-            return self.dropout1(self.self_attn.attend(h, cache.self_k, cache.self_v, self_mask))
+            return self.dropout1(cached_self_attention(self.self_attn, h, cache, self_mask))
 
         def cross_attention(h: torch.Tensor) -> torch.Tensor:  # the memory's keys/values, cached
             out = self.cross_attn.attend(h, cache.cross_k, cache.cross_v, memory_mask)
@@ -257,9 +297,20 @@ class Encoder(nn.Module):
         eps = layer_kwargs.get("layer_norm_eps", 1e-5)
         self.norm = nn.LayerNorm(d_model, eps=eps) if layer_kwargs.get("norm_first", False) else None
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
         for layer in self.layers:
-            x = layer(x, mask)
+            x = layer(x, mask, is_causal)
+        return self.norm(x) if self.norm is not None else x
+
+    def start_cache(self, batch_size: int, like: torch.Tensor) -> list[LayerKVCache]:
+        """One empty ``LayerKVCache`` per layer (no cross-attention), for ``step``."""
+        return [LayerKVCache.empty(batch_size, layer.self_attn, like) for layer in self.layers]
+
+    def step(self, x: torch.Tensor, caches: list[LayerKVCache], mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Newest position ``x (B, 1, d_model)`` -> ``(B, 1, d_model)`` (``EncoderLayer.step``),
+        for a stack run with a causal mask (a decoder-only model)."""
+        for layer, cache in zip(self.layers, caches):
+            x = layer.step(x, cache, mask)
         return self.norm(x) if self.norm is not None else x
 
 

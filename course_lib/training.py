@@ -132,10 +132,10 @@ def noam_scheduler(
 
 def train(
     model: nn.Module,
-    next_batch: Callable[[int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+    next_batch: Callable[[int], tuple[torch.Tensor, ...]],
     num_steps: int,
     optimizer: torch.optim.Optimizer,
-    loss_fn: nn.Module,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
     progress: bool = True,
     callback: Callable[[int, nn.Module], None] | None = None,
@@ -143,7 +143,9 @@ def train(
 ) -> list[float]:
     """Train for ``num_steps`` steps; returns the loss of every step (plain floats).
 
-    ``next_batch(step)`` returns ``(src, tgt_in, tgt_out)``. The loss is stored with ``.item()``:
+    ``next_batch(step)`` returns the model's inputs, then the labels: ``(src, tgt_in, tgt_out)``
+    for an encoder-decoder (``model(src, tgt_in)``), ``(x, y)`` for a language model (``model(x)``,
+    lesson 09); ``loss_fn(logits, labels)``. The loss is stored with ``.item()``:
     summing the loss *tensors* would keep every step's graph alive and memory would grow.
     ``callback(steps_done, model)`` runs after every step (for example an ``ExactMatchTracker``);
     the model is put back in training mode afterwards. ``max_grad_norm`` clips the gradients' total
@@ -158,9 +160,9 @@ def train(
                miniters=max(1, num_steps // 10), maxinterval=float("inf"), ascii=" #",
                bar_format="{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} steps{postfix}")
     for step in bar:
-        src, tgt_in, tgt_out = next_batch(step)
-        logits = model(src, tgt_in)  # (B, L, V)
-        loss = loss_fn(logits, tgt_out)
+        *inputs, labels = next_batch(step)
+        logits = model(*inputs)  # (B, L, V)
+        loss = loss_fn(logits, labels)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if max_grad_norm is not None:

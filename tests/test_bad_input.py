@@ -273,7 +273,7 @@ def test_other_helpers():
         pad_sequences([[1, 2, 3]], 0, length=2)
     with pytest.raises(ValueError, match=r"empty list of sequences"):
         pad_sequences([], 0)
-    with pytest.raises(ValueError, match=r"activation must be one of \['gelu', 'relu'\], got 'tanh'"):
+    with pytest.raises(ValueError, match=r"activation must be one of \['gelu', 'gelu_tanh', 'relu'\], got 'tanh'"):
         FeedForward(16, 32, activation="tanh")
     with pytest.raises(ValueError, match=r"attention_mask must have the shape of ids \(2, 5\), got \(2, 4\)"):
         TransformerEncoderModel(TransformerConfig())(_ids(), torch.ones(2, 4))

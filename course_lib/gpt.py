@@ -1,0 +1,303 @@
+"""A decoder-only language model, GPT-2's architecture exactly (lesson 09).
+
+Lesson 05's decoder layer without its middle (cross-attention) is lesson 04's encoder layer run
+with a causal mask, so a GPT is built from the parts the course already has:
+
+    TransformerEmbedding(learned positions, no sqrt(d_model) scaling)
+    -> Encoder(num_layers pre-LN layers with GELU (tanh), causal mask, final LayerNorm)
+    -> lm_head, the token embedding's matrix again (tied)
+
+GPT-2's details: learned positions, pre-LN, a final LayerNorm, GELU's tanh approximation (Hugging
+Face's "gelu_new"), tied input and output embeddings, LayerNorm eps 1e-5, weights drawn from
+N(0, 0.02) with the two residual projections of each layer scaled by 1/sqrt(2 * num_layers).
+Hugging Face's ``GPT2LMHeadModel`` stores each projection in a ``Conv1D``, whose weight is
+``(in, out)``: the transpose of ``nn.Linear``'s ``(out, in)``. ``load_into_hf_gpt2`` and
+``from_hf_gpt2`` port the weights both ways.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .decoding import filter_logits
+from .embeddings import TransformerEmbedding, _check_ids
+from .layers import Encoder
+from .masks import causal_mask
+from .model import KVCache
+
+__all__ = ["GPTConfig", "GPT", "lm_loss", "hf_gpt2_config", "load_into_hf_gpt2", "from_hf_gpt2"]
+
+
+@dataclass
+class GPTConfig:
+    """The sizes of a GPT. Defaults: lesson 09's character model (4 layers, d_model 128, 4 heads,
+    64 positions). ``d_ff`` None means ``4 * d_model`` (GPT-2)."""
+
+    vocab_size: int = 83
+    max_len: int = 64
+    d_model: int = 128
+    num_heads: int = 4
+    num_layers: int = 4
+    d_ff: int | None = None
+    dropout: float = 0.0
+    layer_norm_eps: float = 1e-5
+    fused_attention: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "max_len", "d_model", "num_heads", "num_layers"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"GPTConfig: {name} must be >= 1, got {getattr(self, name)}")
+        if self.d_model % self.num_heads != 0:
+            raise ValueError(
+                f"GPTConfig: d_model={self.d_model} is not divisible by num_heads={self.num_heads}"
+            )
+        if self.d_ff is None:
+            self.d_ff = 4 * self.d_model
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"GPTConfig: dropout must be in [0, 1), got {self.dropout}")
+
+    @classmethod
+    def gpt2_small(cls) -> "GPTConfig":
+        """GPT-2 small: 12 layers, d_model 768, 12 heads, 1,024 positions, 50,257 tokens, dropout
+        0.1; 124,439,808 parameters with tied embeddings."""
+        return cls(vocab_size=50257, max_len=1024, d_model=768, num_heads=12, num_layers=12, dropout=0.1)
+
+
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of the next token at every position.
+
+    ``logits (B, T, V)``, ``targets (B, T)`` (the input moved on by one) -> scalar (nats per token).
+    """
+    if logits.dim() != 3 or targets.shape != logits.shape[:2]:
+        raise ValueError(
+            f"lm_loss: logits must be (B, T, V) and targets (B, T), got {tuple(logits.shape)} and "
+            f"{tuple(targets.shape)}"
+        )
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))  # (B*T, V), (B*T,)
+
+
+class GPT(nn.Module):
+    """GPT-2's architecture from the course's parts. ``forward(ids (B, T)) -> logits (B, T, V)``.
+
+    ``embed``: token + learned position vectors; ``blocks``: an ``Encoder`` of pre-LN layers with a
+    causal mask and its final LayerNorm (GPT-2's ``ln_f``); ``lm_head``: tied to the token table.
+    """
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.config = c = config
+        self.embed = TransformerEmbedding(
+            c.vocab_size, c.d_model, c.max_len, positional="learned", scale_embedding=False,
+            dropout=c.dropout,
+        )
+        self.blocks = Encoder(
+            c.num_layers, c.d_model, c.num_heads, c.d_ff, dropout=c.dropout, activation="gelu_tanh",
+            norm_first=True, layer_norm_eps=c.layer_norm_eps, fused_attention=c.fused_attention,
+        )
+        self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
+        self.lm_head.weight = self.embed.token.embedding.weight  # tied: one (V, d_model) matrix
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """GPT-2's initialisation: every matrix N(0, 0.02), biases 0, LayerNorms (1, 0); the output
+        projections of attention and feed-forward N(0, 0.02 / sqrt(2 * num_layers)), because each
+        layer adds two of them to the residual stream."""
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, 0.0, 0.02)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
+            if isinstance(module, nn.LayerNorm):
+                nn.init.ones_(module.weight)
+                nn.init.zeros_(module.bias)
+        for layer in self.blocks.layers:
+            for linear in (layer.self_attn.out_proj, layer.feed_forward.linear2):
+                nn.init.normal_(linear.weight, 0.0, 0.02 / math.sqrt(2 * self.config.num_layers))
+
+    def _check(self, ids: torch.Tensor, where: str) -> None:
+        _check_ids(ids, self.config.vocab_size, where)
+        if ids.size(1) > self.config.max_len:
+            raise ValueError(
+                f"{where}: the input has {ids.size(1)} positions but the model has "
+                f"max_len={self.config.max_len} learned positions; give it the last "
+                f"{self.config.max_len} tokens (ids[:, -{self.config.max_len}:])"
+            )
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        self._check(ids, "GPT")
+        mask = causal_mask(ids.size(1), ids.device)  # (T, T): position t sees 0..t
+        # is_causal: the mask IS causal, so the fused kernel (training) can skip reading it
+        hidden = self.blocks(self.embed(ids), mask, is_causal=True)  # (B, T, d_model), after ln_f
+        return self.lm_head(hidden)  # (B, T, V)
+
+    # --- generation with lesson 07's KV cache ---
+
+    def start_cache(self, batch_size: int) -> KVCache:
+        """An empty cache: per layer ``self_k/v (B, h, 0, head_dim)``, no cross-attention."""
+        like = self.lm_head.weight
+        keep = torch.zeros(batch_size, 0, dtype=torch.bool, device=like.device)  # (B, 0)
+        return KVCache(self.blocks.start_cache(batch_size, like), None, keep)
+
+    def step(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """Feed the token at position t = ``cache.length`` of every row, ``tokens (B,)``, and return
+        the next-token logits ``(B, V)``: row t of ``forward`` on all t+1 tokens, from one position's
+        work. Updates ``cache`` in place."""
+        t = cache.length
+        if tokens.dim() != 1 or tokens.size(0) != cache.tgt_keep.size(0):
+            raise ValueError(
+                f"GPT.step: tokens must be (B,) with B={cache.tgt_keep.size(0)}, got {tuple(tokens.shape)}"
+            )
+        if t >= self.config.max_len:
+            raise ValueError(
+                f"GPT.step: the cache already holds max_len={self.config.max_len} positions; there "
+                "is no learned vector for the next one (generate slides a window instead)"
+            )
+        self._check(tokens.unsqueeze(1), "GPT.step")
+        x = self.embed.token(tokens.unsqueeze(1)) + self.embed.position(t + 1)[t:]  # (B, 1, d) + (1, d)
+        x = self.embed.dropout(x)
+        new = torch.ones(tokens.size(0), 1, dtype=torch.bool, device=tokens.device)  # no padding in a GPT
+        cache.tgt_keep = torch.cat([cache.tgt_keep, new], dim=1)  # (B, t) -> (B, t+1)
+        hidden = self.blocks.step(x, cache.layers, None)  # (B, 1, d): no mask, nothing later exists
+        return self.lm_head(hidden[:, 0])  # (B, V)
+
+    @torch.no_grad()
+    def generate(
+        self,
+        ids: torch.Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        generator: torch.Generator | None = None,
+        greedy: bool = False,
+        use_cache: bool = True,
+    ) -> torch.Tensor:
+        """Continue ``ids (B, T)`` by ``max_new_tokens`` tokens; returns ``(B, T + max_new_tokens)``.
+
+        Each next token is drawn from ``softmax(logits / temperature)`` after ``filter_logits``
+        (top-k, nucleus), with ``generator`` for reproducible draws, or is the argmax if ``greedy``.
+        With ``use_cache`` the prompt goes through once and each new token costs one position
+        (lesson 07); it gives the same tokens as recomputing every step (``use_cache=False``). Once
+        the text is longer than ``max_len``, both recompute the last ``max_len`` tokens each step: a
+        cache cannot slide, because every cached key was computed at its old position.
+        """
+        self._check(ids, "GPT.generate")
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+            raise ValueError(f"GPT.generate: max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+        if not greedy and not (isinstance(temperature, (int, float)) and math.isfinite(temperature)
+                               and temperature > 0):
+            raise ValueError(f"GPT.generate: temperature must be a finite number > 0, got {temperature!r} "
+                             "(greedy=True takes the argmax)")
+        was_training = self.training
+        self.eval()
+        out, cache, logits = ids, None, None
+        for _ in range(max_new_tokens):
+            if use_cache and out.size(1) <= self.config.max_len:
+                if cache is None:  # the prompt, one position at a time into the cache
+                    cache = self.start_cache(out.size(0))
+                    for t in range(out.size(1)):
+                        logits = self.step(out[:, t], cache)
+                else:
+                    logits = self.step(out[:, -1], cache)
+            else:
+                logits = self(out[:, -self.config.max_len :])[:, -1]  # (B, V): recompute the window
+            if greedy:
+                next_id = logits.argmax(dim=-1)
+            else:
+                probs = filter_logits(logits / temperature, top_k, top_p).softmax(dim=-1)
+                next_id = torch.multinomial(probs, 1, generator=generator).squeeze(1)  # (B,)
+            out = torch.cat([out, next_id.unsqueeze(1)], dim=1)
+        self.train(was_training)
+        return out
+
+
+# --- Hugging Face's GPT2LMHeadModel, both ways ---
+
+
+def hf_gpt2_config(config: GPTConfig):
+    """The ``transformers.GPT2Config`` of the same model (GELU tanh = "gelu_new", tied)."""
+    from transformers import GPT2Config
+
+    return GPT2Config(
+        vocab_size=config.vocab_size, n_positions=config.max_len, n_embd=config.d_model,
+        n_layer=config.num_layers, n_head=config.num_heads, n_inner=config.d_ff,
+        activation_function="gelu_new", resid_pdrop=config.dropout, embd_pdrop=config.dropout,
+        attn_pdrop=config.dropout, layer_norm_epsilon=config.layer_norm_eps, tie_word_embeddings=True,
+        bos_token_id=config.vocab_size - 1, eos_token_id=config.vocab_size - 1,  # GPT-2: the last id
+    )
+
+
+def _name_map(num_layers: int) -> dict[str, tuple[str, bool]]:
+    """course_lib name -> (Hugging Face name, transposed?) for everything except q/k/v."""
+    names = {
+        "embed.token.embedding.weight": ("transformer.wte.weight", False),
+        "embed.position.embedding.weight": ("transformer.wpe.weight", False),
+        "blocks.norm.weight": ("transformer.ln_f.weight", False),
+        "blocks.norm.bias": ("transformer.ln_f.bias", False),
+    }
+    for i in range(num_layers):
+        ours, theirs = f"blocks.layers.{i}.", f"transformer.h.{i}."
+        for a, b in (("norm1", "ln_1"), ("norm2", "ln_2")):
+            names[ours + a + ".weight"] = (theirs + b + ".weight", False)
+            names[ours + a + ".bias"] = (theirs + b + ".bias", False)
+        for a, b in (("self_attn.out_proj", "attn.c_proj"), ("feed_forward.linear1", "mlp.c_fc"),
+                     ("feed_forward.linear2", "mlp.c_proj")):
+            names[ours + a + ".weight"] = (theirs + b + ".weight", True)  # Conv1D: (in, out)
+            names[ours + a + ".bias"] = (theirs + b + ".bias", False)
+    return names
+
+
+@torch.no_grad()
+def load_into_hf_gpt2(model: GPT, hf_model) -> None:
+    """Copy ``model``'s weights into a ``GPT2LMHeadModel`` of the same shape, in place.
+
+    ``nn.Linear`` stores ``(out, in)``, GPT-2's ``Conv1D`` ``(in, out)``: every matrix is
+    transposed; the separate q, k, v projections become one ``c_attn`` of width ``3 * d_model``.
+    """
+    ours = model.state_dict()
+    theirs = hf_model.state_dict()
+    for name, (hf_name, transposed) in _name_map(model.config.num_layers).items():
+        tensor = ours[name].t() if transposed else ours[name]
+        if theirs[hf_name].shape != tensor.shape:
+            raise ValueError(f"load_into_hf_gpt2: {hf_name} is {tuple(theirs[hf_name].shape)}, "
+                             f"course_lib's {name} gives {tuple(tensor.shape)}; build the Hugging "
+                             "Face model from hf_gpt2_config(model.config)")
+        theirs[hf_name].copy_(tensor)
+    for i, layer in enumerate(model.blocks.layers):
+        attn = layer.self_attn
+        weight = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight], dim=0)  # (3d, d)
+        theirs[f"transformer.h.{i}.attn.c_attn.weight"].copy_(weight.t())  # (d, 3d)
+        bias = torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias])  # (3d,)
+        theirs[f"transformer.h.{i}.attn.c_attn.bias"].copy_(bias)
+
+
+@torch.no_grad()
+def from_hf_gpt2(hf_model) -> GPT:
+    """A course_lib ``GPT`` with the weights of a ``GPT2LMHeadModel`` (the reverse port)."""
+    c = hf_model.config
+    if c.activation_function not in ("gelu_new", "gelu_pytorch_tanh"):
+        raise ValueError(f"from_hf_gpt2: activation {c.activation_function!r} is not GELU's tanh form")
+    config = GPTConfig(
+        vocab_size=c.vocab_size, max_len=c.n_positions, d_model=c.n_embd, num_heads=c.n_head,
+        num_layers=c.n_layer, d_ff=c.n_inner or 4 * c.n_embd, dropout=c.resid_pdrop,
+        layer_norm_eps=c.layer_norm_epsilon,
+    )
+    model = GPT(config)
+    ours = model.state_dict()
+    theirs = hf_model.state_dict()
+    for name, (hf_name, transposed) in _name_map(config.num_layers).items():
+        ours[name].copy_(theirs[hf_name].t() if transposed else theirs[hf_name])
+    d = config.d_model
+    for i, layer in enumerate(model.blocks.layers):
+        w = theirs[f"transformer.h.{i}.attn.c_attn.weight"].t()  # (d, 3d) -> (3d, d)
+        b = theirs[f"transformer.h.{i}.attn.c_attn.bias"]  # (3d,)
+        for j, proj in enumerate((layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj)):
+            proj.weight.copy_(w[j * d : (j + 1) * d])
+            proj.bias.copy_(b[j * d : (j + 1) * d])
+    return model.eval()

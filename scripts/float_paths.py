@@ -33,7 +33,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
-TRAINING_TESTS = ["tests/test_training.py", "tests/test_data_dates.py", "tests/test_fused_attention.py"]
+TRAINING_TESTS = [
+    "tests/test_training.py", "tests/test_data_dates.py", "tests/test_fused_attention.py",
+    "tests/test_gpt_recipe.py",
+]
 NBVAL = ["--nbval-current-env", "--nbval-sanitize-with", "tests/nbval_sanitize.cfg",
          "--nbval-cell-timeout=600", "-p", "no:cacheprovider"]
 ORDER = ["default", "avx2", "avx512"]  # PyTorch's names, lowest first

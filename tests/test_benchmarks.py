@@ -30,3 +30,17 @@ def test_kv_cache_benchmark_steps_run_with_and_without_the_cache():
         assert kv.step_ms(model, batch=2, prefix=4, use_cache=use_cache, repeats=1) > 0
         assert kv.decode_seconds(model, batch=2, new_tokens=3, use_cache=use_cache) > 0
     assert kv.estimated_recompute_seconds(model, batch=2, new_tokens=8) > 0
+
+
+def test_gpt_benchmark_runs_both_recipes_on_a_tiny_budget():
+    from dataclasses import replace
+
+    from course_lib.lm_training import NANOGPT_CPU
+    from course_lib.tasks import ShakespeareCorpus
+
+    gpt = load("gpt")
+    corpus = ShakespeareCorpus()
+    recipe = replace(NANOGPT_CPU, num_layers=1, num_steps=4, warmup=1)
+    run = gpt.run_recipe(corpus, recipe, eval_every=2)
+    assert [s for s, _, _ in run.curve] == [0, 2, 4]
+    assert "1 layer, d_model 128" in gpt.describe("tiny", recipe, run)

@@ -172,3 +172,23 @@ def test_a_lesson_alone_runs_top_to_bottom(synced, bare_python, tmp_path):
               if o.output_type == "error"]
     assert not errors
     assert not (alone / "course_lib").exists()  # installed into the bare venv, not copied here
+
+
+def test_lesson_09_setup_fetches_shakespeare_and_others_do_not(synced):
+    """The setup cell of a lesson that reads the plays fetches them (a no-op when they are there);
+    without the network it says so in one sentence."""
+    gpt = first_code_cell(nbformat.read(synced / "09_gpt.ipynb", 4)).source
+    assert "tasks.fetch_shakespeare()" in gpt
+    assert "fetch_shakespeare" not in first_code_cell(nbformat.read(synced / "07_inference.ipynb", 4)).source
+    done = run_setup_cell(gpt, sys.executable, ROOT / "notebooks")  # the archive is in .venv/share
+    assert done.returncode == 0 and done.stdout == "course_lib bound: True\n", done.stderr
+
+
+def test_lesson_09_setup_without_the_plays_or_a_network_says_so(synced, tmp_path):
+    gpt = first_code_cell(nbformat.read(synced / "09_gpt.ipynb", 4)).source
+    done = run_setup_cell(gpt, sys.executable, ROOT / "notebooks", COURSE_DATA_DIR=str(tmp_path),
+                          PIP_NO_INDEX="1")
+    assert done.returncode == 0, done.stderr
+    message, bound = done.stdout.splitlines()
+    assert message.startswith("Setup could not fetch Shakespeare's plays (") and "Traceback" not in done.stdout
+    assert bound == "course_lib bound: True"

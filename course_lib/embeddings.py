@@ -130,7 +130,8 @@ class TransformerEmbedding(nn.Module):
 
     Args:
         vocab_size, d_model, max_len: sizes.
-        positional: ``"sinusoidal"`` (the paper) or ``"learned"`` (BERT).
+        positional: ``"sinusoidal"`` (the paper), ``"learned"`` (BERT) or ``"none"`` (lesson 11:
+            RoPE turns queries and keys inside attention instead).
         scale_embedding: multiply token vectors by ``sqrt(d_model)`` (paper: True, BERT: False).
         num_segments: size of the segment (token-type) table; 0 for none (BERT: 2).
         layer_norm: apply LayerNorm after the sum (BERT: True).
@@ -160,14 +161,20 @@ class TransformerEmbedding(nn.Module):
             self.position: nn.Module = SinusoidalPositionalEncoding(max_len, d_model)
         elif positional == "learned":
             self.position = LearnedPositionalEmbedding(max_len, d_model)
+        elif positional == "none":  # positions enter elsewhere (RoPE, lesson 11) or not at all
+            self.position = None
         else:
-            raise ValueError(f"TransformerEmbedding: positional must be 'sinusoidal' or 'learned', got {positional!r}")
+            raise ValueError(
+                f"TransformerEmbedding: positional must be 'sinusoidal', 'learned' or 'none', got {positional!r}"
+            )
         self.segment = nn.Embedding(num_segments, d_model) if num_segments > 0 else None
         self.norm = nn.LayerNorm(d_model, eps=layer_norm_eps) if layer_norm else None
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, ids: torch.Tensor, token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
-        x = self.token(ids) + self.position(ids.size(1))  # (B, L, d) + (L, d) -> (B, L, d)
+        x = self.token(ids)  # (B, L, d)
+        if self.position is not None:
+            x = x + self.position(ids.size(1))  # (B, L, d) + (L, d) -> (B, L, d)
         if self.segment is not None:
             if token_type_ids is None:
                 token_type_ids = torch.zeros_like(ids)

@@ -29,6 +29,8 @@ from .embeddings import TransformerEmbedding, _check_ids
 from .layers import Encoder
 from .masks import causal_mask
 from .model import KVCache
+from .modern import RMSNorm, swiglu_d_ff
+from .rope import RotaryEmbedding
 
 __all__ = ["GPTConfig", "GPT", "lm_loss", "hf_gpt2_config", "load_into_hf_gpt2", "from_hf_gpt2"]
 
@@ -36,7 +38,21 @@ __all__ = ["GPTConfig", "GPT", "lm_loss", "hf_gpt2_config", "load_into_hf_gpt2",
 @dataclass
 class GPTConfig:
     """The sizes of a GPT. Defaults: lesson 09's character model (4 layers, d_model 128, 4 heads,
-    64 positions). ``d_ff`` None means ``4 * d_model`` (GPT-2)."""
+    64 positions). ``d_ff`` None means ``4 * d_model`` (GPT-2), or ``swiglu_d_ff(d_model)`` (the
+    same parameter count) with ``activation="swiglu"``.
+
+    Lesson 11 changes the block one part at a time; the defaults are GPT-2's:
+
+    - ``norm``: ``"layernorm"`` or ``"rmsnorm"``;
+    - ``positional``: ``"learned"`` (added to the tokens), ``"sinusoidal"`` (added, lesson 03),
+      ``"rope"`` (queries and keys turned in every layer, ``rope_base``) or ``"none"``;
+    - ``activation``: ``"gelu_tanh"`` (GPT-2), ``"gelu"``, ``"relu"`` or ``"swiglu"``;
+    - ``num_kv_heads``: grouped-query attention (None = ``num_heads``);
+    - ``bias``: biases in the attention and feed-forward projections;
+    - ``tie_embeddings``: the output layer reuses the token table.
+
+    ``GPTConfig.llama_style()`` switches them all to Llama's choices.
+    """
 
     vocab_size: int = 83
     max_len: int = 64
@@ -47,6 +63,13 @@ class GPTConfig:
     dropout: float = 0.0
     layer_norm_eps: float = 1e-5
     fused_attention: bool = False
+    norm: str = "layernorm"
+    positional: str = "learned"
+    activation: str = "gelu_tanh"
+    num_kv_heads: int | None = None
+    bias: bool = True
+    tie_embeddings: bool = True
+    rope_base: float = 10000.0
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "max_len", "d_model", "num_heads", "num_layers"):
@@ -56,8 +79,29 @@ class GPTConfig:
             raise ValueError(
                 f"GPTConfig: d_model={self.d_model} is not divisible by num_heads={self.num_heads}"
             )
+        if self.num_kv_heads is None:
+            self.num_kv_heads = self.num_heads
+        if self.num_kv_heads < 1 or self.num_heads % self.num_kv_heads != 0:
+            raise ValueError(
+                f"GPTConfig: num_heads={self.num_heads} is not divisible by num_kv_heads="
+                f"{self.num_kv_heads}; choose a divisor of num_heads (1 = multi-query attention)"
+            )
+        if self.positional not in POSITIONAL:
+            raise ValueError(f"GPTConfig: positional must be one of {POSITIONAL}, got {self.positional!r}")
+        if self.positional == "rope" and (self.d_model // self.num_heads) % 2 != 0:
+            raise ValueError(
+                f"GPTConfig: RoPE turns pairs of numbers, so head_dim = d_model // num_heads must be "
+                f"even, got {self.d_model} // {self.num_heads} = {self.d_model // self.num_heads}"
+            )
+        if self.norm not in ("layernorm", "rmsnorm"):
+            raise ValueError(f"GPTConfig: norm must be 'layernorm' or 'rmsnorm', got {self.norm!r}")
+        if self.activation not in ("gelu_tanh", "gelu", "relu", "swiglu"):
+            raise ValueError(
+                "GPTConfig: activation must be 'gelu_tanh', 'gelu', 'relu' or 'swiglu', got "
+                f"{self.activation!r}"
+            )
         if self.d_ff is None:
-            self.d_ff = 4 * self.d_model
+            self.d_ff = swiglu_d_ff(self.d_model) if self.activation == "swiglu" else 4 * self.d_model
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"GPTConfig: dropout must be in [0, 1), got {self.dropout}")
 
@@ -66,6 +110,21 @@ class GPTConfig:
         """GPT-2 small: 12 layers, d_model 768, 12 heads, 1,024 positions, 50,257 tokens, dropout
         0.1; 124,439,808 parameters with tied embeddings."""
         return cls(vocab_size=50257, max_len=1024, d_model=768, num_heads=12, num_layers=12, dropout=0.1)
+
+    @classmethod
+    def llama_style(cls, **sizes) -> "GPTConfig":
+        """Llama's block: RMSNorm (eps 1e-6), RoPE, SwiGLU, no biases, an untied output layer.
+        ``sizes`` overrides any field (``num_kv_heads=2`` for grouped-query attention)."""
+        llama = dict(norm="rmsnorm", positional="rope", activation="swiglu", bias=False,
+                     tie_embeddings=False, layer_norm_eps=1e-6)
+        return cls(**{**llama, **sizes})
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.num_heads
+
+
+POSITIONAL = ("learned", "sinusoidal", "rope", "none")
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -86,35 +145,44 @@ class GPT(nn.Module):
 
     ``embed``: token + learned position vectors; ``blocks``: an ``Encoder`` of pre-LN layers with a
     causal mask and its final LayerNorm (GPT-2's ``ln_f``); ``lm_head``: tied to the token table.
+    With ``GPTConfig.llama_style()`` the same class is lesson 11's Llama-style model: no position
+    vectors (``rotary``, one table shared by every layer's attention), RMSNorm, SwiGLU, GQA.
     """
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         self.config = c = config
+        added = c.positional if c.positional in ("learned", "sinusoidal") else "none"
         self.embed = TransformerEmbedding(
-            c.vocab_size, c.d_model, c.max_len, positional="learned", scale_embedding=False,
+            c.vocab_size, c.d_model, c.max_len, positional=added, scale_embedding=False,
             dropout=c.dropout,
         )
+        self.rotary = (RotaryEmbedding(c.head_dim, c.max_len, c.rope_base)
+                       if c.positional == "rope" else None)
         self.blocks = Encoder(
-            c.num_layers, c.d_model, c.num_heads, c.d_ff, dropout=c.dropout, activation="gelu_tanh",
+            c.num_layers, c.d_model, c.num_heads, c.d_ff, dropout=c.dropout, activation=c.activation,
             norm_first=True, layer_norm_eps=c.layer_norm_eps, fused_attention=c.fused_attention,
+            norm=c.norm, num_kv_heads=c.num_kv_heads, rotary=self.rotary, bias=c.bias,
         )
         self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
-        self.lm_head.weight = self.embed.token.embedding.weight  # tied: one (V, d_model) matrix
+        if c.tie_embeddings:
+            self.lm_head.weight = self.embed.token.embedding.weight  # tied: one (V, d_model) matrix
         self.reset_parameters()
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
         """GPT-2's initialisation: every matrix N(0, 0.02), biases 0, LayerNorms (1, 0); the output
         projections of attention and feed-forward N(0, 0.02 / sqrt(2 * num_layers)), because each
-        layer adds two of them to the residual stream."""
+        layer adds two of them to the residual stream. (The same for every block of lesson 11, so
+        that a comparison changes one part and nothing else.)"""
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(module.weight, 0.0, 0.02)
             if isinstance(module, nn.Linear) and module.bias is not None:
                 nn.init.zeros_(module.bias)
-            if isinstance(module, nn.LayerNorm):
+            if isinstance(module, (nn.LayerNorm, RMSNorm)):
                 nn.init.ones_(module.weight)
+            if isinstance(module, nn.LayerNorm):
                 nn.init.zeros_(module.bias)
         for layer in self.blocks.layers:
             for linear in (layer.self_attn.out_proj, layer.feed_forward.linear2):
@@ -125,7 +193,7 @@ class GPT(nn.Module):
         if ids.size(1) > self.config.max_len:
             raise ValueError(
                 f"{where}: the input has {ids.size(1)} positions but the model has "
-                f"max_len={self.config.max_len} learned positions; give it the last "
+                f"max_len={self.config.max_len} positions; give it the last "
                 f"{self.config.max_len} tokens (ids[:, -{self.config.max_len}:])"
             )
 
@@ -156,10 +224,12 @@ class GPT(nn.Module):
         if t >= self.config.max_len:
             raise ValueError(
                 f"GPT.step: the cache already holds max_len={self.config.max_len} positions; there "
-                "is no learned vector for the next one (generate slides a window instead)"
+                "is no position for the next one (generate slides a window instead)"
             )
         self._check(tokens.unsqueeze(1), "GPT.step")
-        x = self.embed.token(tokens.unsqueeze(1)) + self.embed.position(t + 1)[t:]  # (B, 1, d) + (1, d)
+        x = self.embed.token(tokens.unsqueeze(1))  # (B, 1, d)
+        if self.embed.position is not None:  # RoPE turns q and k inside the cache step instead
+            x = x + self.embed.position(t + 1)[t:]  # (B, 1, d) + (1, d)
         x = self.embed.dropout(x)
         new = torch.ones(tokens.size(0), 1, dtype=torch.bool, device=tokens.device)  # no padding in a GPT
         cache.tgt_keep = torch.cat([cache.tgt_keep, new], dim=1)  # (B, t) -> (B, t+1)

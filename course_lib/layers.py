@@ -18,6 +18,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .attention import MultiHeadAttention
+from .modern import SwiGLU, make_norm
+from .rope import RotaryEmbedding
 from .tracing import trace
 
 __all__ = [
@@ -62,6 +64,10 @@ class EncoderLayer(nn.Module):
     """Self-attention then feed-forward, each wrapped in a residual connection and LayerNorm.
 
     ``forward(x (B, L, d_model), mask bool (B, 1, L) | (B, L, L) | None) -> (B, L, d_model)``.
+
+    Lesson 11's modern block is the same layer with other parts: ``norm="rmsnorm"``,
+    ``activation="swiglu"`` (a ``SwiGLU`` feed-forward, bias as ``bias``), ``num_kv_heads``
+    (grouped-query attention) and ``rotary`` (a ``RotaryEmbedding`` shared by the layers).
     """
 
     def __init__(
@@ -75,12 +81,20 @@ class EncoderLayer(nn.Module):
         layer_norm_eps: float = 1e-5,
         bias: bool = True,
         fused_attention: bool = False,
+        norm: str = "layernorm",
+        num_kv_heads: int | None = None,
+        rotary: RotaryEmbedding | None = None,
     ) -> None:
         super().__init__()
-        self.self_attn = MultiHeadAttention(d_model, num_heads, dropout, bias, fused_attention)
-        self.feed_forward = FeedForward(d_model, d_ff, dropout=dropout, activation=activation)
-        self.norm1 = nn.LayerNorm(d_model, eps=layer_norm_eps)
-        self.norm2 = nn.LayerNorm(d_model, eps=layer_norm_eps)
+        self.self_attn = MultiHeadAttention(
+            d_model, num_heads, dropout, bias, fused_attention, num_kv_heads=num_kv_heads, rotary=rotary
+        )
+        if activation == "swiglu":
+            self.feed_forward: nn.Module = SwiGLU(d_model, d_ff, dropout=dropout, bias=bias)
+        else:
+            self.feed_forward = FeedForward(d_model, d_ff, dropout=dropout, activation=activation)
+        self.norm1 = make_norm(norm, d_model, layer_norm_eps)
+        self.norm2 = make_norm(norm, d_model, layer_norm_eps)
         self.dropout1 = nn.Dropout(dropout)
         self.dropout2 = nn.Dropout(dropout)
         self.norm_first = norm_first
@@ -125,8 +139,9 @@ class EncoderLayer(nn.Module):
 class LayerKVCache:
     """What one decoder layer keeps between generation steps (lesson 07).
 
-    self_k, self_v:   ``(B, num_heads, t, head_dim)``: the self-attention keys and values of the t
-                      positions decoded so far; ``DecoderLayer.step`` appends one row per step.
+    self_k, self_v:   ``(B, num_kv_heads, t, head_dim)``: the self-attention keys and values of the
+                      t positions decoded so far; ``DecoderLayer.step`` appends one row per step.
+                      (``num_kv_heads`` = ``num_heads`` except with grouped-query attention.)
     cross_k, cross_v: ``(B, num_heads, L_s, head_dim)``: the cross-attention keys and values of the
                       memory; they never change, so they are computed once
                       (``DecoderLayer.start_cache``). None in a layer without cross-attention
@@ -140,8 +155,8 @@ class LayerKVCache:
 
     @classmethod
     def empty(cls, batch_size: int, attn: MultiHeadAttention, like: torch.Tensor) -> "LayerKVCache":
-        """A cache with no position yet and no cross-attention: ``self_k/v (B, h, 0, head_dim)``."""
-        empty = like.new_zeros(batch_size, attn.num_heads, 0, attn.head_dim)  # (B, h, 0, hd)
+        """A cache with no position yet and no cross-attention: ``self_k/v (B, kv, 0, head_dim)``."""
+        empty = like.new_zeros(batch_size, attn.num_kv_heads, 0, attn.head_dim)  # (B, kv, 0, hd)
         return cls(empty, empty)
 
     def reorder(self, index: torch.Tensor) -> "LayerKVCache":
@@ -155,11 +170,12 @@ def cached_self_attention(
 ) -> torch.Tensor:
     """Self-attention of the newest position ``h (B, 1, d_model)`` over every position so far.
 
-    Projects only the new row's key and value, appends them to ``cache.self_k/v`` (in place), then
-    attends. Append FIRST: the new position must see itself, as it does in the full causal mask.
+    Projects only the new row's key and value (with rotary positions: turned for position t, the
+    number already cached), appends them to ``cache.self_k/v`` (in place), then attends. Append
+    FIRST: the new position must see itself, as it does in the full causal mask.
     """
-    k, v = attn.project_kv(h, h)  # (B, h, 1, hd): the new row only
-    cache.self_k = torch.cat([cache.self_k, k], dim=2)  # (B, h, t, hd) -> (B, h, t+1, hd)
+    k, v = attn.project_kv(h, h, start=cache.self_k.size(2))  # (B, kv, 1, hd): the new row only
+    cache.self_k = torch.cat([cache.self_k, k], dim=2)  # (B, kv, t, hd) -> (B, kv, t+1, hd)
     cache.self_v = torch.cat([cache.self_v, v], dim=2)
     return attn.attend(h, cache.self_k, cache.self_v, mask)  # (B, 1, d_model)
 
@@ -295,7 +311,8 @@ class Encoder(nn.Module):
             EncoderLayer(d_model, num_heads, d_ff, **layer_kwargs) for _ in range(num_layers)
         )
         eps = layer_kwargs.get("layer_norm_eps", 1e-5)
-        self.norm = nn.LayerNorm(d_model, eps=eps) if layer_kwargs.get("norm_first", False) else None
+        kind = layer_kwargs.get("norm", "layernorm")
+        self.norm = make_norm(kind, d_model, eps) if layer_kwargs.get("norm_first", False) else None
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
         for layer in self.layers:
@@ -326,7 +343,8 @@ class Decoder(nn.Module):
             DecoderLayer(d_model, num_heads, d_ff, **layer_kwargs) for _ in range(num_layers)
         )
         eps = layer_kwargs.get("layer_norm_eps", 1e-5)
-        self.norm = nn.LayerNorm(d_model, eps=eps) if layer_kwargs.get("norm_first", False) else None
+        kind = layer_kwargs.get("norm", "layernorm")
+        self.norm = make_norm(kind, d_model, eps) if layer_kwargs.get("norm_first", False) else None
 
     def forward(
         self,

@@ -24,7 +24,7 @@ PYTEST_ARGS := tests --nbval notebooks --nbval-current-env \
                --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=600 -p no:cacheprovider
 SOLUTIONS_ARGS := tests/notebooks_with_solutions.py -p no:cacheprovider
 
-.PHONY: setup lab test test-portability test-solutions test-lib test-notebooks test-browser sync benchmark \
+.PHONY: setup lab test test-portability test-solutions test-lib test-notebooks test-browser sync benchmark ablation \
         images execute clean
 
 setup: $(STAMP)
@@ -91,6 +91,12 @@ benchmark: setup
 	$(PY) benchmarks/dates.py
 	$(PY) benchmarks/gpt.py
 	$(PY) benchmarks/tokenization.py
+	$(PY) benchmarks/modern.py
+
+# Lesson 11's measured tables (block ablation, length generalisation; 3 seeds each), written to
+# course_lib/results/ for the lesson to load. About 20 minutes; run it alone on a quiet machine.
+ablation: setup
+	$(PY) scripts/ablation.py
 
 images: setup
 	$(PY) images/make_images.py

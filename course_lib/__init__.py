@@ -2,8 +2,8 @@
 
 Each module matches one lesson; read them in this order:
 masks -> attention -> embeddings -> layers -> model -> data -> training -> decoding -> tasks
--> gpt -> lm_training -> tokenization, with pretrained (load real BERT weights), viz (plots), checks (exercise
-checkers) and tracing (shape logging) alongside.
+-> gpt -> lm_training -> tokenization -> modern -> rope -> llama, with pretrained (load real BERT
+weights), viz (plots), checks (exercise checkers) and tracing (shape logging) alongside.
 """
 
 from .attention import MultiHeadAttention, scaled_dot_product_attention, set_fused_attention

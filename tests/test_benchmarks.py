@@ -44,3 +44,25 @@ def test_gpt_benchmark_runs_both_recipes_on_a_tiny_budget():
     run = gpt.run_recipe(corpus, recipe, eval_every=2)
     assert [s for s, _, _ in run.curve] == [0, 2, 4]
     assert "1 layer, d_model 128" in gpt.describe("tiny", recipe, run)
+
+
+def test_modern_benchmark_cache_bytes_equal_the_formula_and_attention_paths_agree():
+    modern = load("modern")
+    prompt = torch.randint(0, 20, (3, 4))
+    sizes = dict(num_layers=2, d_model=32, num_heads=4, vocab_size=20, max_len=16)
+    measured = {}
+    for kv in (4, 2, 1):  # MHA, GQA 2:1, MQA
+        model = modern.build(kv, fused=True, **sizes)
+        measured[kv] = modern.check_cache(model, prompt, new_tokens=5)  # asserts generate's tokens
+        # 2 (k, v) * 2 layers * kv heads * head_dim 8 * (4 + 5 - 1) positions * batch 3 * 4 bytes
+        assert measured[kv] == 2 * 2 * kv * 8 * 8 * 3 * 4
+        readable = modern.build(kv, fused=False, **sizes)
+        assert torch.equal(modern.decode_with_cache(readable, prompt, 5)[0],
+                           model.generate(prompt, 5, greedy=True))
+    assert measured[4] == 2 * measured[2] == 4 * measured[1]
+    times, ids = modern.decode_seconds({"MHA": model}, prompt, new_tokens=3, rounds=1)
+    assert len(times["MHA"]) == 1 and ids["MHA"].shape == (3, 7)
+    calls, x = modern.attention_callables(batch=2, length=6, d_model=16, num_heads=4,
+                                          num_kv_heads=2)
+    ms = modern.attention_ms(calls, x, rounds=1, repeats=1)  # asserts the three outputs are equal
+    assert set(ms) == {"course_lib fused", "PyTorch", "course_lib readable"}

@@ -125,16 +125,17 @@ def has_passed(candidate: Any) -> bool:
     return _PASSED.get(id(candidate)) is candidate
 
 
-def yours_or_reference(yours: Any, reference: Any, name: str | None = None) -> Any:
+def yours_or_reference(yours: Any, reference: Any, name: str | None = None, owner: str = "course_lib") -> Any:
     """Return the learner's ``yours`` if it passed its checker, else course_lib's ``reference``; say which.
 
-    ``name`` is what to call the reference in the message (default: its ``__name__``).
+    ``name`` is what to call the reference in the message (default: its ``__name__``); ``owner`` whose
+    it is ("PyTorch" when the reference is PyTorch's own call).
     """
     if has_passed(yours):
         print(f"using your `{_name_of(yours)}`")
         return yours
     ref_name = name or _name_of(reference)
-    print(f"using course_lib's `{ref_name}`: yours (`{_name_of(yours)}`) has not passed its checker yet")
+    print(f"using {owner}'s `{ref_name}`: yours (`{_name_of(yours)}`) has not passed its checker yet")
     return reference
 
 

@@ -50,3 +50,13 @@ def passes(check, candidate, *args, **kwargs) -> bool:
 
     assert check(candidate, *args, **kwargs) is None  # a checker never returns a value to display
     return has_passed(candidate)
+
+
+def assert_checkers_keep_random_state(pairs) -> None:
+    """Each ``(check, solution)``: running the checker leaves torch's global random state as it was."""
+    for check, solution in pairs:
+        torch.manual_seed(123)
+        check(solution)
+        after = torch.rand(3)
+        torch.manual_seed(123)
+        assert torch.equal(after, torch.rand(3)), check.__name__

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from _helpers import passes
+from _helpers import assert_checkers_keep_random_state, passes
 from torch import nn
 
 from course_lib import causal_mask
@@ -376,9 +376,4 @@ def test_checkers_leave_the_global_random_state_alone():
     solutions = [(check_initial_loss, _solution("09.initial_loss")["predicted_initial_loss"]),
                  (check_gpt_forward, _solution("09.gpt_forward")["my_gpt_forward"]),
                  (check_attention_port, _solution("09.port_attention")["port_attention"])]
-    for check, solution in solutions:
-        torch.manual_seed(123)
-        check(solution)
-        after = torch.rand(3)
-        torch.manual_seed(123)
-        assert torch.equal(after, torch.rand(3)), check.__name__
+    assert_checkers_keep_random_state(solutions)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from _helpers import passes
+from _helpers import assert_checkers_keep_random_state, passes
 
 from course_lib import MultiHeadAttention, scaled_dot_product_attention
 from course_lib.checks import check_gqa, check_kv_bytes, check_rope_layout
@@ -490,12 +490,7 @@ def test_checkers_leave_the_global_random_state_alone():
     solutions = [(check_kv_bytes, _solution("11.kv_bytes")["predicted_kv_bytes"]),
                  (check_rope_layout, _solution("11.rope_layout")["apply_rotary_fixed"]),
                  (check_gqa, _solution("11.gqa")["grouped_query_attention"])]
-    for check, solution in solutions:
-        torch.manual_seed(123)
-        check(solution)
-        after = torch.rand(3)
-        torch.manual_seed(123)
-        assert torch.equal(after, torch.rand(3)), check.__name__
+    assert_checkers_keep_random_state(solutions)
 
 
 def test_unknown_mistakes_get_the_difference_and_the_reference():

@@ -25,7 +25,7 @@ PYTEST_ARGS := tests --nbval notebooks --nbval-current-env \
 SOLUTIONS_ARGS := tests/notebooks_with_solutions.py -p no:cacheprovider
 
 .PHONY: setup lab test test-portability test-solutions test-lib test-notebooks test-browser sync benchmark ablation \
-        images execute clean
+        images execute clean grade
 
 setup: $(STAMP)
 
@@ -92,6 +92,14 @@ benchmark: setup
 	$(PY) benchmarks/gpt.py
 	$(PY) benchmarks/tokenization.py
 	$(PY) benchmarks/modern.py
+	$(PY) benchmarks/grade.py
+
+# Grade a class: every notebook (or file) in SUBMISSIONS, each in its own limited kernel; writes
+# $(OUT)/grades.csv, grades_NN.csv, report.html and feedback/ (README, "For instructors").
+OUT ?= build/grades
+grade: setup
+	@test -n "$(SUBMISSIONS)" || { echo "usage: make grade SUBMISSIONS=folder [OUT=build/grades]"; exit 2; }
+	$(PY) -m course_lib.grade --out $(OUT) $(SUBMISSIONS)
 
 # Lesson 11's measured tables (block ablation, length generalisation; 3 seeds each), written to
 # course_lib/results/ for the lesson to load. About 20 minutes; run it alone on a quiet machine.

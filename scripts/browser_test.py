@@ -401,6 +401,60 @@ def check_export(paths: list[Path], browser: Browser) -> dict[str, list[str]]:
     return results
 
 
+GRADE_JS = r"""
+(() => ({tables: document.querySelectorAll('table').length,
+         rows: document.querySelectorAll('tbody tr').length,
+         bars: Array.from(document.querySelectorAll('svg rect')).filter(r => r.getBBox().width > 0).length,
+         svgHeight: (document.querySelector('svg') || {getBBox: () => ({height: 0})}).getBBox().height,
+         overflow: document.documentElement.scrollWidth > window.innerWidth + 1}))()
+"""
+
+
+def sample_grades(folder: Path) -> list[Path]:
+    """The grader's report.html and one feedback page for a small made-up class (no kernel runs)."""
+    from course_lib.grading.lessons import read_lessons
+    from course_lib.grading.report import write_all
+    from course_lib.grading.runner import Graded
+
+    keys = read_lessons()["01"].keys
+    wrong = ("Likely mistake (3-D input): softmax over the wrong axis (the query axis, dim=-2). Each query's "
+             "weights over the keys must sum to 1: use softmax(dim=-1), the key axis.")
+    rows = []
+    for i in range(6):
+        results = {k: {"outcome": "passed" if (i + j) % 3 else "failed", "message": wrong if (i + j) % 3 == 0
+                       else "all cases match"} for j, k in enumerate(keys)}
+        rows.append(Graded(f"learner{i}", "01", "graded", results, peeked=keys[:1] if i == 2 else []))
+    rows.append(Graded("late", "01", "timeout", {k: {"outcome": "not implemented", "message": ""} for k in keys},
+                       notes=["cell exceeded 300 s"]))
+    rows.append(Graded("essay", "", "not a notebook", notes=["could not read it as a notebook"]))
+    shutil.rmtree(folder, ignore_errors=True)
+    write_all(folder, rows, read_lessons())
+    return [folder / "report.html", folder / "feedback" / "learner0.html"]
+
+
+def check_grade_pages(browser: Browser) -> dict[str, list[str]]:
+    """The grader's pages render offline: their tables, the report's chart, no JavaScript error."""
+    results = {}
+    for path in sample_grades(BUILD / "grades"):
+        page = browser.new_page()
+        try:
+            page.navigate(path.as_uri(), timeout=60)
+            seen = page.evaluate(GRADE_JS)
+            found = [f"JavaScript error: {e}" for e in page.javascript_errors()]
+            if seen["tables"] < (4 if path.name == "report.html" else 1) or seen["rows"] == 0:
+                found.append(f"tables missing: {seen}")
+            if path.name == "report.html" and (seen["bars"] < 3 or seen["svgHeight"] < 50):
+                found.append(f"the chart draws no bars: {seen}")
+            if seen["overflow"]:
+                found.append("the page is wider than the window")
+            (SHOTS / "grade").mkdir(parents=True, exist_ok=True)
+            page.screenshot(SHOTS / "grade" / f"{path.stem}.png")
+            results[f"grades/{path.relative_to(BUILD / 'grades')}"] = found
+        finally:
+            page.close()
+    return results
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("notebooks", nargs="+", type=Path)
@@ -425,6 +479,7 @@ def main(argv: list[str] | None = None) -> int:
             passes.append(("JupyterLab", check_in_lab))
         if not args.skip_export:
             passes.append(("exported HTML", check_export))
+        passes.append(("grader pages", lambda _paths, b: check_grade_pages(b)))
         for name, check in passes:
             for notebook, found in check(paths, browser).items():
                 for message in found:

@@ -1,0 +1,99 @@
+"""Benchmark: grading a class in parallel, and the grader's overhead over a plain run.
+
+    python benchmarks/grade.py                      (or: make benchmark; run it on a quiet machine)
+    python benchmarks/grade.py --lesson 00 --n 4 --singles 1      (a quick try)
+
+The class: N copies of one lesson's notebook with every stub replaced by its solution (the same work
+in each, so a sample of single runs stands for all of them). With the grader's settings for W workers
+(each kernel gets cores / W threads):
+- a plain run: the notebook executed by nbclient in a fresh kernel, in a scratch folder, nothing else;
+- a single graded run: ``grade_submission`` on one notebook (limits, the re-check, peek detection);
+- the batch: ``python -m course_lib.grade``'s ``grade_all`` on all N with W workers.
+Efficiency = (N x mean single graded run) / (W x batch wall time); target >= 0.80.
+Overhead = mean single graded run / mean plain run; target <= 1.10.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import nbformat
+from nbclient import NotebookClient
+
+from course_lib.grade import _cores, grade_all
+from course_lib.grading.lessons import read_lessons
+from course_lib.grading.runner import Settings, configure_worker, grade_submission
+from course_lib.solutions import solution_source
+
+
+def make_class(lesson_id: str, n: int, folder: Path) -> list[Path]:
+    lesson = read_lessons()[lesson_id]
+    nb = nbformat.read(lesson.path, as_version=4)
+    for cell in nb.cells:
+        key = cell.get("metadata", {}).get("exercise")
+        if key:
+            cell.source = solution_source(key)
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = [folder / f"learner{i:02d}.ipynb" for i in range(n)]
+    for path in paths:
+        nbformat.write(nb, path)
+    return paths
+
+
+def plain_run(path: Path) -> float:
+    """Seconds to execute the notebook once in a fresh kernel in a scratch folder, as nbclient does."""
+    folder = Path(tempfile.mkdtemp(prefix="plain-"))
+    try:
+        nb = nbformat.read(path, as_version=4)
+        start = time.perf_counter()
+        NotebookClient(nb, timeout=1800, kernel_name="python3", allow_errors=True,
+                       resources={"metadata": {"path": str(folder)}}).execute()
+        return time.perf_counter() - start
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--lesson", default="01")
+    parser.add_argument("--n", type=int, default=30, help="submissions in the class")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--singles", type=int, default=5, help="single runs of each kind to average")
+    args = parser.parse_args(argv)
+    folder = Path(tempfile.mkdtemp(prefix="grade-bench-"))
+    try:
+        paths = make_class(args.lesson, args.n, folder)
+        settings = Settings(cell_timeout=1800, notebook_timeout=7200, memory_bytes=8 * 2**30,
+                            threads=max(1, _cores() // args.workers))
+        configure_worker(settings.threads)
+        plain, single = [], []
+        for i in range(args.singles):  # alternate, so that a change of load hits both alike
+            plain.append(plain_run(paths[i % len(paths)]))
+            row = grade_submission(paths[i % len(paths)], settings)
+            assert row.status == "graded" and all(row.marks().values()), (row.status, row.results)
+            single.append(row.seconds)
+        start = time.perf_counter()
+        rows = grade_all(paths, settings, args.workers)
+        wall = time.perf_counter() - start
+        assert all(r.status == "graded" and all(r.marks().values()) for r in rows)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    efficiency = args.n * statistics.mean(single) / (args.workers * wall)
+    overhead = statistics.mean(single) / statistics.mean(plain)
+    print(f"single runs: plain {statistics.mean(plain):.1f} s, graded {statistics.mean(single):.1f} s "
+          f"(means of {args.singles}; {settings.threads} thread(s) per kernel)")
+    print(f"grade: {args.n} submissions of lesson {args.lesson} in {wall:.0f} s on {args.workers} workers "
+          f"(efficiency {efficiency:.2f}; overhead {overhead:.2f}x a plain run)")
+    ok = efficiency >= 0.80 and overhead <= 1.10
+    print("targets (efficiency >= 0.80, overhead <= 1.10x):", "met" if ok else "NOT met")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

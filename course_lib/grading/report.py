@@ -1,0 +1,148 @@
+"""What the grader writes: grades.csv (one per class and one per lesson), report.html, feedback pages.
+
+grades.csv: one row per submission; ``student``, ``lesson``, one column per checked exercise of the
+lessons present (named by solution key, ``01.attention``; 1 passed, 0 not; empty when the exercise
+belongs to another lesson or the notebook could not be read), ``total`` and ``status``.
+grades_NN.csv: the same rows for lesson NN only, with exactly that lesson's exercise columns: the
+file to import into a learning platform's assignment for that lesson.
+"""
+
+from __future__ import annotations
+
+import csv
+import html
+import re
+from collections import Counter
+from pathlib import Path
+
+from .lessons import Lesson
+from .runner import Graded
+
+_LIKELY = re.compile(r"^Likely mistake \(([^)]*)\): (.+?)\. (.*)$", re.S)
+_STYLE = """body{font-family:system-ui,sans-serif;max-width:60em;margin:2em auto;padding:0 1em;color:#222}
+table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:.3em .6em;text-align:left;
+vertical-align:top}th{background:#f3f3f3}.ok{color:#1a7f37}.no{color:#b42318}.na{color:#777}
+.bar{fill:#4c78a8}.axis{font-size:12px}"""
+
+
+def _columns(rows: list[Graded], lessons: dict[str, Lesson]) -> list[str]:
+    present = sorted({r.lesson for r in rows if r.lesson})
+    return [k for lid in present for k in lessons[lid].keys]
+
+
+def _csv(path: Path, rows: list[Graded], keys: list[str]) -> None:
+    with path.open("w", newline="", encoding="utf-8") as f:
+        out = csv.writer(f)
+        out.writerow(["student", "lesson", *keys, "total", "status"])
+        for r in rows:
+            marks = r.marks()
+            out.writerow([r.student, r.lesson, *[marks.get(k, "") for k in keys],
+                          sum(marks.values()), r.status])
+
+
+def mistake_of(message: str) -> tuple[str, str]:
+    """(the mistake's name, its hint) from a checker's message."""
+    found = _LIKELY.match(message.strip())
+    if found:
+        return found.group(2), found.group(3).strip()
+    first, _, rest = message.strip().partition(". ")
+    return first.rstrip("."), rest.strip()
+
+
+def _table(header: list[str], body: list[list[str]]) -> str:
+    head = "".join(f"<th>{h}</th>" for h in header)
+    rows = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in body)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>"
+
+
+def _chart(shares: list[tuple[str, float, int]]) -> str:
+    """A horizontal bar chart (inline SVG): the share of the class that passed each exercise."""
+    width, bar, left = 560, 22, 190
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" role="img" aria-label="pass share per exercise" '
+             f'width="{width}" height="{len(shares) * (bar + 6) + 30}">']
+    for i, (key, share, n) in enumerate(shares):
+        y = i * (bar + 6)
+        w = (width - left - 110) * share  # room for the label after a full bar
+        parts.append(f'<text class="axis" x="{left - 8}" y="{y + 15}" text-anchor="end">{key}</text>'
+                     f'<rect class="bar" x="{left}" y="{y}" width="{w:.1f}" height="{bar}"/>'
+                     f'<text class="axis" x="{left + w + 6:.1f}" y="{y + 15}">{share:.0%} of {n}</text>')
+    y = len(shares) * (bar + 6) + 12
+    parts.append(f'<text class="axis" x="{left}" y="{y}">share of the graded learners who passed</text></svg>')
+    return "".join(parts)
+
+
+def _report(rows: list[Graded], lessons: dict[str, Lesson]) -> str:
+    esc = html.escape
+    graded = [r for r in rows if r.lesson and r.results]
+    shares, pass_rows, mistakes = [], [], []
+    for key in _columns(rows, lessons):
+        takers = [r for r in graded if key in r.results]
+        n_pass = sum(r.results[key]["outcome"] == "passed" for r in takers)
+        share = n_pass / len(takers) if takers else 0.0
+        shares.append((key, share, len(takers)))
+        pass_rows.append([esc(key), f"{n_pass} of {len(takers)}", f"{share:.0%}"])
+        named = Counter()
+        hints = {}
+        for r in takers:
+            if r.results[key]["outcome"] == "failed":
+                name, hint = mistake_of(r.results[key]["message"])
+                named[name] += 1
+                hints[name] = hint
+        for name, count in named.items():
+            mistakes.append((count, key, name, hints[name]))
+    mistakes.sort(key=lambda m: (-m[0], m[1], m[2]))
+    mistake_rows = [[esc(key), f"<b>{count} learner{'s' * (count != 1)}</b>: {esc(name)}", esc(hint[:300])]
+                    for count, key, name, hint in mistakes]
+    peeks = [[esc(r.student), esc(", ".join(r.peeked))] for r in rows if r.peeked]
+    trouble = [[esc(r.student), esc(r.lesson or "?"), esc(r.status), esc("; ".join(r.notes))]
+               for r in rows if r.status != "graded"]
+    n_lessons = ", ".join(sorted({r.lesson for r in rows if r.lesson})) or "none"
+    return (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>Class report</title>"
+            f"<style>{_STYLE}</style></head><body><h1>Class report</h1>"
+            f"<p>{len(rows)} submissions; {len(graded)} run and re-checked by the grader; lessons {n_lessons}. "
+            "Every mark is the genuine checker's verdict on the learner's own code, re-run by the grader "
+            "after the notebook.</p>"
+            f"<h2>Who passed each exercise</h2>{_chart(shares)}{_table(['exercise', 'passed', 'share'], pass_rows)}"
+            "<h2>The class's mistakes, most common first</h2>"
+            + (_table(["exercise", "mistake the checker named", "its hint"], mistake_rows) if mistake_rows
+               else "<p>No checker named a mistake.</p>")
+            + "<h2>Solutions shown before passing</h2>"
+            + (_table(["student", "exercises"], peeks) if peeks else "<p>Nobody.</p>")
+            + "<h2>Submissions with problems</h2>"
+            + (_table(["student", "lesson", "status", "details"], trouble) if trouble else "<p>None.</p>")
+            + "</body></html>")
+
+
+def _feedback(row: Graded, lessons: dict[str, Lesson]) -> str:
+    esc = html.escape
+    body = []
+    for key, result in row.results.items():
+        outcome = result["outcome"]
+        if outcome == "passed":
+            verdict = "<span class='ok'>passed</span>"
+        elif outcome in ("not implemented", "missing"):
+            verdict = "<span class='na'>not attempted</span>"
+        else:
+            verdict = "<span class='no'>not passed</span>"
+        message = "" if outcome == "not implemented" else esc(result["message"])
+        body.append([esc(key), verdict, message])
+    total = sum(row.marks().values())
+    status = "" if row.status == "graded" else f"<p><b>Note:</b> {esc(row.status)}. {esc('; '.join(row.notes))}</p>"
+    lesson = f"lesson {esc(row.lesson)}" if row.lesson else "no lesson recognised"
+    table = _table(["exercise", "result", "what the checker said"], body) if body else ""
+    return (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>Feedback for "
+            f"{esc(row.student)}</title><style>{_STYLE}</style></head><body><h1>Feedback for "
+            f"{esc(row.student)}</h1><p>{lesson}: {total} of {len(row.results)} exercises passed.</p>"
+            f"{status}{table}</body></html>")
+
+
+def write_all(out: Path, rows: list[Graded], lessons: dict[str, Lesson]) -> None:
+    """grades.csv, grades_NN.csv per lesson, report.html and feedback/<student>.html under ``out``."""
+    rows = sorted(rows, key=lambda r: r.student)
+    (out / "feedback").mkdir(parents=True, exist_ok=True)
+    _csv(out / "grades.csv", rows, _columns(rows, lessons))
+    for lid in sorted({r.lesson for r in rows if r.lesson}):
+        _csv(out / f"grades_{lid}.csv", [r for r in rows if r.lesson == lid], lessons[lid].keys)
+    (out / "report.html").write_text(_report(rows, lessons), encoding="utf-8")
+    for r in rows:
+        (out / "feedback" / f"{r.student}.html").write_text(_feedback(r, lessons), encoding="utf-8")

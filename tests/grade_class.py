@@ -1,0 +1,182 @@
+"""A generated class of submissions for the grader's test, each with the row it must get.
+
+    python tests/grade_class.py FOLDER     writes the class to FOLDER (to try `make grade` on it)
+
+Submissions are lesson notebooks edited programmatically: a stub replaced by its solution
+(course_lib.solutions) or by a known mistake (the wrong answers of tests/test_checks_*.py), cells
+added, edited, deleted or moved. Most are lesson 00 (the shortest lesson to run); one each of
+lessons 01 and 02 make three lessons. ``SLOW`` submissions need a short cell time limit (endless loops)
+and are graded in a second run.
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import nbformat
+from nbformat.v4 import new_code_cell, new_notebook
+
+from course_lib.solutions import solution_source
+
+NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+L00 = ["00.broadcast", "00.gradient", "00.parameters"]
+L01 = ["01.top_key", "01.nan_rows", "01.attention", "01.fixed_attention", "01.padding_mask"]
+L02 = ["02.parameters", "02.split_heads", "02.merge_heads", "02.view", "02.sliced_attention"]
+# Wrong predictions of 00.gradient (x = [1, 2, 3], y = sum x_i^2), one per mistake its checker names.
+GRADIENT_MISTAKES = {
+    "none": ("None", "None is what x.grad holds BEFORE any backward"),
+    "squares": ("[1.0, 4.0, 9.0]", "are the values x_i ** 2, not their slopes"),
+    "x_itself": ("[1.0, 2.0, 3.0]", "is x itself"),
+    "twos": ("[2.0, 2.0, 2.0]", "2 for every element drops the x"),
+    "ones": ("[1.0, 1.0, 1.0]", "All ones is the gradient of a plain sum"),
+    "twice": ("[4.0, 8.0, 12.0]", "is twice the gradient"),
+    "zeros": ("[0.0, 0.0, 0.0]", "All zeros would mean y does not change"),
+    "one_number": ("[14.0]", "x has 3 elements, so x.grad has 3 numbers"),
+}
+
+
+@dataclass
+class Submission:
+    student: str
+    content: str  # the file's text
+    lesson: str
+    marks: dict[str, int]  # expected grades.csv cells of its lesson
+    status: str
+    suffix: str = ".ipynb"
+
+
+def lesson(number: str) -> nbformat.NotebookNode:
+    return copy.deepcopy(nbformat.read(next(NOTEBOOKS.glob(f"{number}_*.ipynb")), as_version=4))
+
+
+def solve(nb, *keys: str, source: str | None = None) -> nbformat.NotebookNode:
+    """Replace the stubs of ``keys`` by their solutions (or by ``source``)."""
+    for cell in nb.cells:
+        key = cell.get("metadata", {}).get("exercise")
+        if key in keys:
+            cell.source = source if source is not None else solution_source(key)
+    return nb
+
+
+def index_of(nb, text: str) -> int:
+    return next(i for i, c in enumerate(nb.cells) if c.cell_type == "code" and text in c.source)
+
+
+def insert_after(nb, text: str, source: str) -> nbformat.NotebookNode:
+    """Add a code cell after the first code cell containing ``text``."""
+    nb.cells.insert(index_of(nb, text) + 1, new_code_cell(source))
+    return nb
+
+
+def edit(nb, text: str, source: str) -> nbformat.NotebookNode:
+    nb.cells[index_of(nb, text)].source = source
+    return nb
+
+
+IMPORTS = "from course_lib.checks import ("  # the import cell of lessons 00-02
+GRADIENT = "def predicted_gradient():\n    return {}\n"
+
+
+def build() -> tuple[list[Submission], list[Submission]]:
+    """(the class graded with the usual limits, the submissions graded with a short cell limit)."""
+    s: list[Submission] = []
+
+    def add(student, nb, marks, status="graded", lesson_id="00"):
+        keys = {"00": L00, "01": L01, "02": L02}[lesson_id]
+        s.append(Submission(student, nbformat.writes(nb), lesson_id, dict(zip(keys, marks)), status))
+
+    add("correct", solve(lesson("00"), *L00), [1, 1, 1])
+    other_style = solve(lesson("00"), *L00)
+    edit(other_style, "def predicted_broadcast_shape", "def predicted_broadcast_shape():\n    return [2, 3, 4]\n")
+    edit(other_style, "def predicted_gradient", "def predicted_gradient():\n    return torch.tensor([2., 4., 6.])\n")
+    add("correct_other_style", other_style, [1, 1, 1])
+    add("partial", solve(lesson("00"), "00.broadcast"), [1, 0, 0])
+    add("not_attempted", lesson("00"), [0, 0, 0])
+    for name, (answer, _) in GRADIENT_MISTAKES.items():
+        add(f"mistake_{name}", solve(solve(lesson("00"), *L00), "00.gradient", source=GRADIENT.format(answer)),
+            [1, 0, 1])
+    peek = solve(lesson("00"), *L00)
+    peek.cells.insert(index_of(peek, "def predicted_broadcast_shape"), new_code_cell('show_solution("00.broadcast")'))
+    add("peeked", peek, [1, 1, 1])
+    stripped = solve(lesson("00"), *L00)
+    for cell in stripped.cells:
+        cell.metadata.pop("exercise", None)
+    add("metadata_stripped", stripped, [1, 1, 1])
+
+    wrong = "def predicted_broadcast_shape():\n    return (3, 1, 4)\n"
+    fake = solve(solve(lesson("00"), "00.gradient", "00.parameters"), "00.broadcast", source=wrong)
+    edit(fake, "check_broadcast_shape(", 'print("check_broadcast_shape: right, (2, 3, 4).")')
+    add("fake_edited_check", fake, [0, 1, 1])
+    fake = solve(solve(lesson("00"), "00.gradient", "00.parameters"), "00.broadcast", source=wrong)
+    del fake.cells[index_of(fake, "check_broadcast_shape(")]
+    add("fake_deleted_check", fake, [0, 1, 1])
+    fake = solve(solve(lesson("00"), "00.gradient", "00.parameters"), "00.broadcast", source=wrong)
+    insert_after(fake, IMPORTS, "import course_lib.checks as checks\nfrom course_lib.checks import _common\n"
+                 "has_passed = checks.has_passed = _common.has_passed = lambda obj: True\n"
+                 "check_broadcast_shape = checks.check_broadcast_shape = lambda *args: print('right')\n"
+                 "_common.compare = lambda *args, **kwargs: None")
+    add("fake_monkeypatch", fake, [0, 1, 1])
+    fake = solve(solve(lesson("00"), "00.gradient", "00.parameters"), "00.broadcast", source=wrong)
+    insert_after(fake, IMPORTS, "torch.broadcast_shapes = lambda *shapes: torch.Size([3, 1, 4])")
+    add("fake_patched_torch", fake, [0, 1, 1])
+    fake = solve(lesson("00"), *L00)
+    edit(fake, "def predicted_broadcast_shape",
+         'def predicted_broadcast_shape():\n    return predicted_answer("00.broadcast")\n')
+    add("fake_reference_answer", fake, [0, 1, 1])
+    fake = solve(lesson("00"), "00.gradient", "00.parameters")
+    insert_after(fake, "def predicted_broadcast_shape", "def predicted_broadcast_shape():\n"
+                 "    import course_lib.checks._common as c\n"
+                 "    c.compare = lambda *a, **k: None\n    return (3, 1, 4)\n")
+    add("fake_patch_while_checked", fake, [0, 1, 1])
+
+    s.append(Submission("not_a_notebook", "this is my homework, sorry, Word ate it\n", "", {}, "not a notebook"))
+    other = new_notebook(cells=[new_code_cell("print('a notebook of another course')")])
+    s.append(Submission("other_course", nbformat.writes(other), "", {}, "unknown lesson"))
+    gone = solve(lesson("00"), *L00)
+    del gone.cells[index_of(gone, "class TwoLayer")]
+    add("deleted_cells", gone, [1, 1, 0], "cells deleted")
+    moved = solve(lesson("00"), *L00)
+    i = index_of(moved, "class TwoLayer")
+    moved.cells.append(moved.cells.pop(i))
+    add("reordered_cells", moved, [1, 1, 1], "cells reordered")  # TwoLayer is defined by the re-check
+    add("memory_hog", insert_after(solve(lesson("00"), *L00), IMPORTS,
+                                   "hog = torch.ones(20 * 2**30, dtype=torch.uint8)"), [1, 1, 1], "memory limit")
+    add("os_exit", insert_after(solve(lesson("00"), *L00), IMPORTS, "import os\nos._exit(3)"),
+        [0, 0, 0], "kernel died")
+    add("segfault", insert_after(solve(lesson("00"), *L00), IMPORTS, "import ctypes\nctypes.string_at(0)"),
+        [0, 0, 0], "kernel died")
+    add("sys_exit", insert_after(solve(lesson("00"), *L00), IMPORTS, "import sys\nsys.exit('bye')"), [1, 1, 1])
+    add("deletes_files", insert_after(solve(lesson("00"), *L00), IMPORTS,
+                                      "import os\nfor f in os.listdir('.'):\n    os.remove(f)"), [1, 1, 1])
+    add("huge_output", insert_after(solve(lesson("00"), *L00), IMPORTS,
+                                    "for i in range(60_000):\n    print('spam ' * 20)"), [1, 1, 1],
+        "output too large")
+    reference = solve(lesson("01"), "01.padding_mask")
+    edit(reference, "def my_attention", "my_attention = scaled_dot_product_attention  # course_lib's")
+    add("lesson01_reference_pasted", reference, [0, 0, 0, 0, 1], lesson_id="01")
+    add("lesson02_other_lesson", solve(lesson("02"), "02.split_heads", "02.view"), [0, 1, 0, 1, 0],
+        lesson_id="02")
+
+    slow = [Submission("endless_loop", nbformat.writes(solve(solve(lesson("00"), *L00), "00.gradient",
+                       source="def predicted_gradient():\n    while True:\n        pass\n")),
+                       "00", dict(zip(L00, [1, 0, 1])), "timeout")]
+    return s, slow
+
+
+def write(submissions: list[Submission], folder: Path) -> list[Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for sub in submissions:
+        path = folder / f"{sub.student}{sub.suffix}"
+        path.write_text(sub.content, encoding="utf-8")
+        paths.append(path)
+    return paths
+
+
+if __name__ == "__main__":
+    main_class, slow_class = build()
+    write(main_class + slow_class, Path(sys.argv[1]))
+    print(f"wrote {len(main_class) + len(slow_class)} submissions to {sys.argv[1]}")

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .embeddings import _check_size
 from .masks import causal_mask, check_mask
 from .rope import RotaryEmbedding
 from .tracing import trace
@@ -110,8 +111,13 @@ class MultiHeadAttention(nn.Module):
         rotary: RotaryEmbedding | None = None,
     ) -> None:
         super().__init__()
-        if d_model <= 0 or num_heads <= 0:
+        if isinstance(d_model, (int, float)) and isinstance(num_heads, (int, float)) and (
+                d_model <= 0 or num_heads <= 0):
             raise ValueError(f"MultiHeadAttention: d_model and num_heads must be positive, got {d_model}, {num_heads}")
+        d_model = _check_size(d_model, "d_model", "MultiHeadAttention")  # 48.0 -> 48; 42.5 refused
+        num_heads = _check_size(num_heads, "num_heads", "MultiHeadAttention")
+        if num_kv_heads is not None:
+            num_kv_heads = _check_size(num_kv_heads, "num_kv_heads", "MultiHeadAttention")
         if d_model % num_heads != 0:
             raise ValueError(
                 f"MultiHeadAttention: d_model={d_model} is not divisible by num_heads={num_heads}; "

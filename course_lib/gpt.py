@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .decoding import filter_logits
-from .embeddings import TransformerEmbedding, _check_ids
+from .embeddings import TransformerEmbedding, _check_ids, _check_size, _check_tensor
 from .layers import Encoder
 from .masks import causal_mask
 from .model import KVCache
@@ -72,9 +72,17 @@ class GPTConfig:
     rope_base: float = 10000.0
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "max_len", "d_model", "num_heads", "num_layers"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"GPTConfig: {name} must be >= 1, got {getattr(self, name)}")
+        for name in ("vocab_size", "max_len", "d_model", "num_heads", "num_layers", "d_ff", "num_kv_heads"):
+            if getattr(self, name) is not None or name not in ("d_ff", "num_kv_heads"):  # 64.0 -> 64
+                setattr(self, name, _check_size(getattr(self, name), name, "GPTConfig"))
+        for name in ("bias", "tie_embeddings", "fused_attention"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"GPTConfig: {name} must be True or False, got {getattr(self, name)!r}")
+        for name in ("layer_norm_eps", "rope_base"):  # 0 or less, NaN, inf: NaN or meaningless logits
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+                    math.isfinite(value) and value > 0):
+                raise ValueError(f"GPTConfig: {name} must be a finite number > 0, got {value!r}")
         if self.d_model % self.num_heads != 0:
             raise ValueError(
                 f"GPTConfig: d_model={self.d_model} is not divisible by num_heads={self.num_heads}"
@@ -102,7 +110,8 @@ class GPTConfig:
             )
         if self.d_ff is None:
             self.d_ff = swiglu_d_ff(self.d_model) if self.activation == "swiglu" else 4 * self.d_model
-        if not 0.0 <= self.dropout < 1.0:
+        if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)) or not (
+                0.0 <= self.dropout < 1.0):
             raise ValueError(f"GPTConfig: dropout must be in [0, 1), got {self.dropout}")
 
     @classmethod
@@ -132,10 +141,35 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
     ``logits (B, T, V)``, ``targets (B, T)`` (the input moved on by one) -> scalar (nats per token).
     """
+    _check_tensor(logits, "lm_loss", "logits")
+    _check_tensor(targets, "lm_loss", "targets")
     if logits.dim() != 3 or targets.shape != logits.shape[:2]:
         raise ValueError(
             f"lm_loss: logits must be (B, T, V) and targets (B, T), got {tuple(logits.shape)} and "
             f"{tuple(targets.shape)}"
+        )
+    if not logits.dtype.is_floating_point:
+        raise TypeError(f"lm_loss: logits must be a float tensor, got dtype {logits.dtype}")
+    if targets.dtype.is_floating_point or targets.dtype.is_complex or targets.dtype == torch.bool:
+        raise TypeError(
+            f"lm_loss: targets must be integer token ids, got dtype {targets.dtype}; they are the "
+            "next token at every position (the input moved on by one), not probabilities"
+        )
+    if targets.numel() == 0:
+        raise ValueError(f"lm_loss: there are no targets, shape {tuple(targets.shape)}")
+    targets = targets.long()  # any integer dtype
+    counted = targets[targets != -100]  # -100: F.cross_entropy's ignore_index (lesson 11's copy task)
+    if counted.numel() == 0:
+        raise ValueError("lm_loss: every target is -100 (ignored), so there is no loss to average")
+    if int(counted.min()) < 0 or int(counted.max()) >= logits.size(-1):
+        raise ValueError(
+            f"lm_loss: targets must lie in [0, {logits.size(-1) - 1}] (V={logits.size(-1)} logits) or "
+            f"be -100 (ignored), got values from {int(counted.min())} to {int(counted.max())}"
+        )
+    if (logits.isnan() | logits.isposinf()).any():
+        raise ValueError(
+            "lm_loss: the logits contain NaN or +inf, so the loss would be NaN; the model's weights or "
+            "input are not finite (did training diverge? lower the learning rate)"
         )
     return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))  # (B*T, V), (B*T,)
 
@@ -188,17 +222,19 @@ class GPT(nn.Module):
             for linear in (layer.self_attn.out_proj, layer.feed_forward.linear2):
                 nn.init.normal_(linear.weight, 0.0, 0.02 / math.sqrt(2 * self.config.num_layers))
 
-    def _check(self, ids: torch.Tensor, where: str) -> None:
-        _check_ids(ids, self.config.vocab_size, where)
+    def _check(self, ids: torch.Tensor, where: str) -> torch.Tensor:
+        """Checked ids as int64 (every integer dtype is accepted)."""
+        ids = _check_ids(ids, self.config.vocab_size, where)
         if ids.size(1) > self.config.max_len:
             raise ValueError(
                 f"{where}: the input has {ids.size(1)} positions but the model has "
                 f"max_len={self.config.max_len} positions; give it the last "
                 f"{self.config.max_len} tokens (ids[:, -{self.config.max_len}:])"
             )
+        return ids
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        self._check(ids, "GPT")
+        ids = self._check(ids, "GPT")
         mask = causal_mask(ids.size(1), ids.device)  # (T, T): position t sees 0..t
         # is_causal: the mask IS causal, so the fused kernel (training) can skip reading it
         hidden = self.blocks(self.embed(ids), mask, is_causal=True)  # (B, T, d_model), after ln_f
@@ -217,6 +253,7 @@ class GPT(nn.Module):
         the next-token logits ``(B, V)``: row t of ``forward`` on all t+1 tokens, from one position's
         work. Updates ``cache`` in place."""
         t = cache.length
+        _check_tensor(tokens, "GPT.step", "tokens")
         if tokens.dim() != 1 or tokens.size(0) != cache.tgt_keep.size(0):
             raise ValueError(
                 f"GPT.step: tokens must be (B,) with B={cache.tgt_keep.size(0)}, got {tuple(tokens.shape)}"
@@ -226,7 +263,7 @@ class GPT(nn.Module):
                 f"GPT.step: the cache already holds max_len={self.config.max_len} positions; there "
                 "is no position for the next one (generate slides a window instead)"
             )
-        self._check(tokens.unsqueeze(1), "GPT.step")
+        tokens = self._check(tokens.unsqueeze(1), "GPT.step")[:, 0]  # (B,) int64
         x = self.embed.token(tokens.unsqueeze(1))  # (B, 1, d)
         if self.embed.position is not None:  # RoPE turns q and k inside the cache step instead
             x = x + self.embed.position(t + 1)[t:]  # (B, 1, d) + (1, d)
@@ -257,13 +294,15 @@ class GPT(nn.Module):
         the text is longer than ``max_len``, both recompute the last ``max_len`` tokens each step: a
         cache cannot slide, because every cached key was computed at its old position.
         """
-        self._check(ids, "GPT.generate")
+        ids = self._check(ids, "GPT.generate")  # (B, T) int64
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
             raise ValueError(f"GPT.generate: max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
         if not greedy and not (isinstance(temperature, (int, float)) and math.isfinite(temperature)
                                and temperature > 0):
             raise ValueError(f"GPT.generate: temperature must be a finite number > 0, got {temperature!r} "
                              "(greedy=True takes the argmax)")
+        if not greedy:
+            filter_logits(torch.zeros(1, 1), top_k, top_p)  # refuses a bad top_k / top_p before any work
         was_training = self.training
         self.eval()
         out, cache, logits = ids, None, None
@@ -277,6 +316,10 @@ class GPT(nn.Module):
                     logits = self.step(out[:, -1], cache)
             else:
                 logits = self(out[:, -self.config.max_len :])[:, -1]  # (B, V): recompute the window
+            if not torch.isfinite(logits).all():
+                self.train(was_training)
+                raise ValueError("GPT.generate: the model's logits contain NaN or inf, so no token "
+                                 "can be drawn; its weights are not finite (did training diverge?)")
             if greedy:
                 next_id = logits.argmax(dim=-1)
             else:
@@ -290,10 +333,59 @@ class GPT(nn.Module):
 # --- Hugging Face's GPT2LMHeadModel, both ways ---
 
 
+def _check_gpt2_style(config: GPTConfig, where: str) -> None:
+    """GPT2LMHeadModel has one block: LayerNorm, learned positions, GELU (tanh), biases, tied, MHA."""
+    wanted = dict(norm="layernorm", positional="learned", activation="gelu_tanh", bias=True,
+                  tie_embeddings=True, num_kv_heads=config.num_heads, attn_only=False)
+    wrong = {k: getattr(config, k, v) for k, v in wanted.items() if getattr(config, k, v) != v}
+    if wrong:
+        raise ValueError(
+            f"{where}: GPT2LMHeadModel is GPT-2's block ({wanted}); this config has {wrong}. A "
+            "Llama-style model ports with course_lib.llama; other blocks have no Hugging Face twin"
+        )
+
+
+def config_differences(pairs: list[tuple[str, object, object]]) -> list[str]:
+    """``(field, ours, theirs)`` triples -> ``"field: ours vs theirs"`` for those that differ
+    (floats compared to a relative 1e-9)."""
+    def same(a, b) -> bool:
+        if isinstance(a, float) or isinstance(b, float):
+            return isinstance(b, (int, float)) and math.isclose(a, b, rel_tol=1e-9)
+        return a == b
+    return [f"{name}: {ours!r} vs {theirs!r}" for name, ours, theirs in pairs if not same(ours, theirs)]
+
+
+def _gpt2_pairs(config: GPTConfig, c) -> list[tuple[str, object, object]]:
+    """course_lib's fields against a ``GPT2Config``'s, one triple per field that shapes the model."""
+    gelu_tanh = c.activation_function in ("gelu_new", "gelu_pytorch_tanh")
+    return [
+        ("num_layers / n_layer", config.num_layers, c.n_layer),
+        ("num_heads / n_head", config.num_heads, c.n_head),
+        ("d_model / n_embd", config.d_model, c.n_embd),
+        ("d_ff / n_inner", config.d_ff, c.n_inner or 4 * c.n_embd),
+        ("vocab_size", config.vocab_size, c.vocab_size),
+        ("max_len / n_positions", config.max_len, c.n_positions),
+        ("layer_norm_eps / layer_norm_epsilon", config.layer_norm_eps, c.layer_norm_epsilon),
+        ("tie_embeddings / tie_word_embeddings", config.tie_embeddings, c.tie_word_embeddings),
+        ("activation / activation_function", config.activation,
+         "gelu_tanh" if gelu_tanh else c.activation_function),
+        ("scaled scores / scale_attn_weights", True, c.scale_attn_weights),
+        ("scores / scale_attn_by_inverse_layer_idx", False, c.scale_attn_by_inverse_layer_idx),
+    ]
+
+
+def _check_hf_gpt2(hf_model, where: str) -> None:
+    from transformers import GPT2LMHeadModel
+
+    if not isinstance(hf_model, GPT2LMHeadModel):
+        raise TypeError(f"{where}: needs a transformers GPT2LMHeadModel, got {type(hf_model).__name__}")
+
+
 def hf_gpt2_config(config: GPTConfig):
     """The ``transformers.GPT2Config`` of the same model (GELU tanh = "gelu_new", tied)."""
     from transformers import GPT2Config
 
+    _check_gpt2_style(config, "hf_gpt2_config")
     return GPT2Config(
         vocab_size=config.vocab_size, n_positions=config.max_len, n_embd=config.d_model,
         n_layer=config.num_layers, n_head=config.num_heads, n_inner=config.d_ff,
@@ -330,6 +422,15 @@ def load_into_hf_gpt2(model: GPT, hf_model) -> None:
     ``nn.Linear`` stores ``(out, in)``, GPT-2's ``Conv1D`` ``(in, out)``: every matrix is
     transposed; the separate q, k, v projections become one ``c_attn`` of width ``3 * d_model``.
     """
+    _check_gpt2_style(model.config, "load_into_hf_gpt2")
+    _check_hf_gpt2(hf_model, "load_into_hf_gpt2")
+    differences = config_differences(_gpt2_pairs(model.config, hf_model.config))
+    if differences:  # same shapes can hide other heads or eps; more layers would stay random
+        raise ValueError(
+            "load_into_hf_gpt2: the Hugging Face model is not the same architecture (ours vs "
+            f"theirs): {'; '.join(differences)}. Build it with "
+            "GPT2LMHeadModel(hf_gpt2_config(model.config))"
+        )
     ours = model.state_dict()
     theirs = hf_model.state_dict()
     for name, (hf_name, transposed) in _name_map(model.config.num_layers).items():
@@ -350,6 +451,7 @@ def load_into_hf_gpt2(model: GPT, hf_model) -> None:
 @torch.no_grad()
 def from_hf_gpt2(hf_model) -> GPT:
     """A course_lib ``GPT`` with the weights of a ``GPT2LMHeadModel`` (the reverse port)."""
+    _check_hf_gpt2(hf_model, "from_hf_gpt2")
     c = hf_model.config
     if c.activation_function not in ("gelu_new", "gelu_pytorch_tanh"):
         raise ValueError(f"from_hf_gpt2: activation {c.activation_function!r} is not GELU's tanh form")
@@ -358,6 +460,10 @@ def from_hf_gpt2(hf_model) -> GPT:
         num_layers=c.n_layer, d_ff=c.n_inner or 4 * c.n_embd, dropout=c.resid_pdrop,
         layer_norm_eps=c.layer_norm_epsilon,
     )
+    differences = config_differences(_gpt2_pairs(config, c))
+    if differences:  # what GPTConfig cannot express: an untied head, other attention scaling
+        raise ValueError(f"from_hf_gpt2: course_lib's GPT cannot be this model (ours vs theirs): "
+                         f"{'; '.join(differences)}")
     model = GPT(config)
     ours = model.state_dict()
     theirs = hf_model.state_dict()

@@ -24,19 +24,48 @@ from __future__ import annotations
 
 import torch
 
-from .gpt import GPT, GPTConfig
+from .gpt import GPT, GPTConfig, config_differences
 
 __all__ = ["hf_llama_config", "llama_name_map", "load_into_hf_llama", "from_hf_llama"]
 
 
 def _check_llama_style(config: GPTConfig, where: str) -> None:
-    wanted = dict(norm="rmsnorm", positional="rope", activation="swiglu")
-    wrong = {k: getattr(config, k) for k, v in wanted.items() if getattr(config, k) != v}
+    wanted = dict(norm="rmsnorm", positional="rope", activation="swiglu", attn_only=False)
+    wrong = {k: getattr(config, k, v) for k, v in wanted.items() if getattr(config, k, v) != v}
     if wrong:
         raise ValueError(
             f"{where}: LlamaForCausalLM has RMSNorm, RoPE and SwiGLU; this config has {wrong}. "
             "Build it with GPTConfig.llama_style(...)"
         )
+
+
+def _llama_pairs(config: GPTConfig, c) -> list[tuple[str, object, object]]:
+    """course_lib's fields against a ``LlamaConfig``'s, one triple per field that shapes the model."""
+    rope = dict(c.rope_parameters or {})
+    return [
+        ("num_layers / num_hidden_layers", config.num_layers, c.num_hidden_layers),
+        ("num_heads / num_attention_heads", config.num_heads, c.num_attention_heads),
+        ("num_kv_heads / num_key_value_heads", config.num_kv_heads, c.num_key_value_heads),
+        ("d_model / hidden_size", config.d_model, c.hidden_size),
+        ("head_dim", config.head_dim, getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads),
+        ("d_ff / intermediate_size", config.d_ff, c.intermediate_size),
+        ("vocab_size", config.vocab_size, c.vocab_size),
+        ("max_len / max_position_embeddings", config.max_len, c.max_position_embeddings),
+        ("rope_base / rope_theta", float(config.rope_base), rope.get("rope_theta", getattr(c, "rope_theta", None))),
+        ("RoPE / rope_type", "default", rope.get("rope_type", "default")),
+        ("layer_norm_eps / rms_norm_eps", config.layer_norm_eps, c.rms_norm_eps),
+        ("tie_embeddings / tie_word_embeddings", config.tie_embeddings, c.tie_word_embeddings),
+        ("bias / attention_bias", config.bias, c.attention_bias),
+        ("bias / mlp_bias", config.bias, c.mlp_bias),
+        ("SwiGLU / hidden_act", "silu", c.hidden_act),
+    ]
+
+
+def _check_hf_llama(hf_model, where: str) -> None:
+    from transformers import LlamaForCausalLM
+
+    if not isinstance(hf_model, LlamaForCausalLM):
+        raise TypeError(f"{where}: needs a transformers LlamaForCausalLM, got {type(hf_model).__name__}")
 
 
 def hf_llama_config(config: GPTConfig):
@@ -85,6 +114,14 @@ def load_into_hf_llama(model: GPT, hf_model) -> None:
     if model.rotary.layout != "halves":
         raise ValueError("load_into_hf_llama: Hugging Face's Llama turns halves (rotate_half); this "
                          f"model's rotary layout is {model.rotary.layout!r}")
+    _check_hf_llama(hf_model, "load_into_hf_llama")
+    differences = config_differences(_llama_pairs(model.config, hf_model.config))
+    if differences:  # same shapes can hide other heads or rope_theta; more layers would stay random
+        raise ValueError(
+            "load_into_hf_llama: the Hugging Face model is not the same architecture (ours vs "
+            f"theirs): {'; '.join(differences)}. Build it with "
+            "LlamaForCausalLM(hf_llama_config(model.config))"
+        )
     ours, theirs = model.state_dict(), hf_model.state_dict()
     for name, hf_name in llama_name_map(model.config).items():
         if theirs[hf_name].shape != ours[name].shape:
@@ -97,6 +134,7 @@ def load_into_hf_llama(model: GPT, hf_model) -> None:
 @torch.no_grad()
 def from_hf_llama(hf_model) -> GPT:
     """A course_lib ``GPT`` with the weights of a ``LlamaForCausalLM`` (default RoPE, SiLU)."""
+    _check_hf_llama(hf_model, "from_hf_llama")
     c = hf_model.config
     rope = c.rope_parameters or {}
     if rope.get("rope_type", "default") != "default" or c.hidden_act != "silu":

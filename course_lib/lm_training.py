@@ -24,6 +24,7 @@ from torch import nn
 from .attention import set_fused_attention
 from .gpt import GPT, GPTConfig, lm_loss
 from .data import CharVocab
+from .embeddings import _check_size
 from .tasks import ShakespeareCorpus
 from .training import train
 
@@ -74,6 +75,10 @@ def bits_per_char(loss: float) -> float:
     return loss / math.log(2)
 
 
+def _is_number(x) -> bool:
+    return not isinstance(x, bool) and isinstance(x, (int, float)) and math.isfinite(x)
+
+
 @dataclass(frozen=True)
 class LMRecipe:
     """Everything ``train_lm`` needs besides the corpus and the seed."""
@@ -91,6 +96,23 @@ class LMRecipe:
     weight_decay: float = 0.1
     max_grad_norm: float | None = 1.0
     dropout: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("num_layers", "num_heads", "d_model", "block_size", "batch_size", "num_steps"):
+            object.__setattr__(self, name, _check_size(getattr(self, name), name, "LMRecipe"))
+        object.__setattr__(self, "warmup", _check_size(self.warmup, "warmup", "LMRecipe", minimum=0))
+        if self.warmup >= self.num_steps:
+            raise ValueError(f"LMRecipe: warmup={self.warmup} must be below num_steps={self.num_steps}")
+        if not (_is_number(self.lr) and self.lr > 0):
+            raise ValueError(f"LMRecipe: lr must be a finite number > 0, got {self.lr!r}")
+        if not (_is_number(self.min_lr) and 0 <= self.min_lr <= self.lr):
+            raise ValueError(f"LMRecipe: min_lr must lie in [0, lr={self.lr}], got {self.min_lr!r}")
+        if len(self.betas) != 2 or not all(_is_number(b) and 0 <= b < 1 for b in self.betas):
+            raise ValueError(f"LMRecipe: betas must be two numbers in [0, 1), got {self.betas!r}")
+        if not (_is_number(self.weight_decay) and self.weight_decay >= 0):
+            raise ValueError(f"LMRecipe: weight_decay must be a number >= 0, got {self.weight_decay!r}")
+        if self.max_grad_norm is not None and not (_is_number(self.max_grad_norm) and self.max_grad_norm > 0):
+            raise ValueError(f"LMRecipe: max_grad_norm must be None or a number > 0, got {self.max_grad_norm!r}")
 
     def config(self, vocab_size: int) -> GPTConfig:
         return GPTConfig(vocab_size=vocab_size, max_len=self.block_size, d_model=self.d_model,
@@ -145,6 +167,10 @@ def train_lm(
     ``fused`` trains with PyTorch's fused attention kernel (same results up to float rounding) and
     switches it off at the end, so the returned model stores its attention weights.
     """
+    for name, value, minimum in (("eval_every", eval_every, 0), ("val_windows", val_windows, 1),
+                                 ("train_windows", train_windows, 0), ("sample_length", sample_length, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ValueError(f"train_lm: {name} must be an int >= {minimum}, got {value!r}")
     torch.manual_seed(seed)
     model = GPT(recipe.config(len(corpus.vocab)))
     set_fused_attention(model, fused)

@@ -7,12 +7,13 @@ positions, segment embeddings, an embedding LayerNorm and GELU (see ``course_lib
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from .embeddings import TransformerEmbedding
+from .embeddings import TransformerEmbedding, _check_size, _check_tensor
 from .layers import Decoder, Encoder, LayerKVCache
 from .masks import decoder_self_attention_mask, padding_mask
 from .tracing import trace
@@ -61,9 +62,12 @@ class TransformerConfig:
     fused_attention: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("src_vocab_size", "tgt_vocab_size", "d_model", "num_heads", "d_ff", "max_len"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"TransformerConfig: {name} must be >= 1, got {getattr(self, name)}")
+        for name, minimum in SIZE_FIELDS.items():  # 64.0 -> 64; 42.5, "64", True -> an error
+            setattr(self, name, _check_size(getattr(self, name), name, "TransformerConfig", minimum))
+        if not (isinstance(self.layer_norm_eps, (int, float)) and math.isfinite(self.layer_norm_eps)
+                and self.layer_norm_eps > 0):
+            raise ValueError(f"TransformerConfig: layer_norm_eps must be a finite number > 0, got "
+                             f"{self.layer_norm_eps!r}")
         if self.d_model % self.num_heads != 0:
             raise ValueError(
                 f"TransformerConfig: d_model={self.d_model} is not divisible by num_heads={self.num_heads}"
@@ -107,6 +111,11 @@ class TransformerConfig:
         )
 
 
+# TransformerConfig's sizes and their smallest values (an encoder-only model has 0 decoder layers)
+SIZE_FIELDS = dict(src_vocab_size=1, tgt_vocab_size=1, d_model=1, num_heads=1, num_encoder_layers=0,
+                   num_decoder_layers=0, d_ff=1, max_len=1, num_segments=0, pad_id=0)
+
+
 def init_xavier_(model: nn.Module) -> nn.Module:
     """Xavier-uniform init of every weight matrix (dim > 1) of *this* model, in place."""
     for p in model.parameters():
@@ -121,6 +130,8 @@ def count_parameters(model: nn.Module) -> int:
 
 
 def _check_ids_pair(src: torch.Tensor, tgt: torch.Tensor) -> None:
+    _check_tensor(src, "Transformer", "src")
+    _check_tensor(tgt, "Transformer", "tgt")
     if src.dim() != 2 or tgt.dim() != 2:
         raise ValueError(f"Transformer: src and tgt must be (B, L) ids, got {tuple(src.shape)} and {tuple(tgt.shape)}")
     if src.size(0) != tgt.size(0):
@@ -183,6 +194,7 @@ class Transformer(nn.Module):
 
     def encode(self, src: torch.Tensor, src_mask: torch.Tensor | None = None) -> torch.Tensor:
         """``src (B, L_s) -> memory (B, L_s, d_model)``; ``src_mask`` defaults to the padding mask."""
+        _check_tensor(src, "Transformer.encode", "src")
         if src_mask is None:
             src_mask = padding_mask(src, self.config.pad_id)
         memory = self.encoder(self.src_embed(src), src_mask)
@@ -203,6 +215,7 @@ class Transformer(nn.Module):
         a bug that changes outputs only when a batch is padded. Pass ``None`` explicitly only when
         no source is padded. ``tgt_mask`` defaults to padding AND causal.
         """
+        _check_tensor(tgt, "Transformer.decode", "tgt")
         if tgt.size(0) != memory.size(0):
             raise ValueError(
                 f"Transformer.decode: tgt and memory must have the same batch size, got {tgt.size(0)} and {memory.size(0)}"
@@ -230,6 +243,7 @@ class Transformer(nn.Module):
             logits ``(B, tgt_vocab_size)``, equal (to float precision) to the last position of
             ``generator(decode(all t+1 tokens, memory, src_mask))``; the work is one position.
         """
+        _check_tensor(tokens, "Transformer.decode_step", "tokens")
         if tokens.dim() != 1 or tokens.size(0) != cache.tgt_keep.size(0):
             raise ValueError(
                 f"Transformer.decode_step: tokens must be (B,) with B={cache.tgt_keep.size(0)}, "
@@ -286,6 +300,7 @@ class TransformerEncoderModel(nn.Module):
         attention_mask: torch.Tensor | None = None,
         token_type_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        _check_tensor(ids, "TransformerEncoderModel", "ids")
         if attention_mask is None:
             mask = padding_mask(ids, self.config.pad_id)
         else:

@@ -12,6 +12,8 @@ Rotary embeddings are in ``course_lib.rope``; grouped-query attention is ``num_k
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -29,6 +31,9 @@ class RMSNorm(nn.Module):
 
     def __init__(self, d_model: int, eps: float = 1e-6) -> None:
         super().__init__()
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not (math.isfinite(eps) and eps > 0):
+            raise ValueError(f"RMSNorm: eps must be a finite number > 0, got {eps!r} (a row of zeros "
+                             "would give 0 / 0 = NaN)")
         self.weight = nn.Parameter(torch.ones(d_model))
         self.eps = eps
 

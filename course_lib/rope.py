@@ -19,8 +19,12 @@ give wrong outputs under the other (the planes pair different numbers), silently
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
+
+from .embeddings import _check_size
 
 __all__ = ["LAYOUTS", "rotary_frequencies", "rotate_half", "rotate_pairs", "apply_rotary", "RotaryEmbedding"]
 
@@ -32,6 +36,11 @@ def rotary_frequencies(head_dim: int, base: float = 10000.0) -> torch.Tensor:
 
     Computed in float32 exactly as Hugging Face's ``compute_default_rope_parameters`` does.
     """
+    if isinstance(base, bool) or not isinstance(base, (int, float)) or not (math.isfinite(base) and base > 0):
+        raise ValueError(
+            f"rotary_frequencies: base must be a finite number > 0 (10,000 in RoFormer and Llama 2, "
+            f"500,000 in Llama 3), got {base!r}; base ** (-2i / head_dim) is NaN or meaningless otherwise"
+        )
     if head_dim < 2 or head_dim % 2 != 0:
         raise ValueError(
             f"rotary_frequencies: RoPE turns planes of two numbers, so head_dim must be even and "
@@ -75,8 +84,8 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         if layout not in LAYOUTS:
             raise ValueError(f"RotaryEmbedding: layout must be one of {LAYOUTS}, got {layout!r}")
-        if max_len < 1:
-            raise ValueError(f"RotaryEmbedding: max_len must be >= 1, got {max_len}")
+        head_dim = _check_size(head_dim, "head_dim", "RotaryEmbedding")  # 8.0 -> 8
+        max_len = _check_size(max_len, "max_len", "RotaryEmbedding")
         inv_freq = rotary_frequencies(head_dim, base)  # (hd/2,)
         angles = torch.arange(max_len, dtype=torch.float32)[:, None] * inv_freq  # (max_len, hd/2)
         if layout == "halves":
@@ -89,6 +98,8 @@ class RotaryEmbedding(nn.Module):
 
     def cos_sin(self, length: int, start: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """Rows ``start .. start + length - 1`` of the tables: ``(length, head_dim)`` each."""
+        if isinstance(start, bool) or not isinstance(start, int):
+            raise TypeError(f"RotaryEmbedding: start must be an int position, got {start!r}")
         if start < 0 or start + length > self.max_len:
             raise ValueError(
                 f"RotaryEmbedding: positions {start}..{start + length - 1} are beyond the rotary "

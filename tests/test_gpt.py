@@ -31,7 +31,10 @@ def _hf(config: GPTConfig) -> GPT2LMHeadModel:
 
 
 @pytest.mark.parametrize("config", [GPTConfig(), GPTConfig(vocab_size=11, max_len=16, d_model=24,
-                                                             num_heads=3, num_layers=2, d_ff=40)])
+                                                             num_heads=3, num_layers=2, d_ff=40),
+                                    # odd sizes (issue 25): 7 heads of 3, d_ff 53, 19 positions
+                                    GPTConfig(vocab_size=37, max_len=19, d_model=21, num_heads=7,
+                                              num_layers=3, d_ff=53, layer_norm_eps=1e-6)])
 def test_equal_to_hf_gpt2_both_ways(config, seeded):
     model = GPT(config).eval()
     hf = _hf(config)

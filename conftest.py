@@ -1,18 +1,192 @@
-"""pytest configuration shared by the course_lib tests and nbval.
+"""pytest configuration shared by the course_lib tests, nbval and the solutions run.
 
 bertviz draws with JavaScript that embeds every attention weight and a random container id; that
 JavaScript only runs in a browser, so nbval leaves it out of the output comparison. (Its HTML part is
 still compared, with the random id sanitized by tests/nbval_sanitize.cfg.)
+
+`make test` runs everything in one pytest run: ``--with-solutions`` adds the solutions run
+(tests/notebooks_with_solutions.py) to ``tests``; ``-n 2 --dist loadscope`` runs it side by side:
+
+* **Threads.** Each worker, and every kernel it starts, computes with one thread
+  (``OMP_NUM_THREADS=1``) unless the caller set ``OMP_NUM_THREADS``: two one-thread workers on two
+  cores do about twice the work of one two-thread process, because the course's models are small.
+* **Units of work** (``unit_of``; pytest_xdist_make_scheduler gives them to ``--dist loadscope``): a
+  notebook's cells share one kernel, so every cell of a notebook goes to one worker; each lesson of
+  the solutions run is its own unit; a test module is one unit, so a module-scoped fixture (a trained
+  model) is built once. Units start longest-first: the solutions run and the notebooks (later
+  lessons first: they train), then the test modules that train (marked ``float_path``) or run for
+  minutes (marked ``long``, e.g. ``pytestmark = pytest.mark.long``), then the rest, so that the last
+  minutes are filled with short units.
+* **Timings.** At the end, pytest prints the time of each lesson (strict nbval, the solutions run) and
+  of the slowest test modules, and appends them to ``build/timings/runs.jsonl`` for
+  ``make timings`` (scripts/timings.py).
 """
 
+from __future__ import annotations
+
+import importlib.util
+import json
 import os
+import re
+import time
+from pathlib import Path
+
+import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the course never downloads from a hub
 os.environ.setdefault("MPLBACKEND", "Agg")
+if os.environ.get("PYTEST_XDIST_WORKER"):  # a worker beside others: one thread each (see above)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+ROOT = Path(__file__).resolve().parent
 NOT_COMPARED = ("application/javascript",)
+SOLUTIONS_FILE = "tests/notebooks_with_solutions.py"
+
+
+def _float_paths_module():
+    spec = importlib.util.spec_from_file_location("float_paths", ROOT / "scripts" / "float_paths.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# Tests whose results depend on training (scripts/float_paths.py runs them on every float path):
+# its list, and every module that marks itself `pytestmark = pytest.mark.float_path`.
+FLOAT_PATH_MODULES = set(_float_paths_module().training_tests())
+TIMINGS = ROOT / "build" / "timings" / "runs.jsonl"
+
+
+def pytest_addoption(parser):
+    parser.addoption("--with-solutions", action="store_true",
+                     help=f"also run every lesson with its solutions ({SOLUTIONS_FILE}); `make test` does")
+
+
+def pytest_collect_file(file_path, parent):
+    """`--with-solutions` collects the solutions run beside `tests` (pytest collects a file given next
+    to its own folder only once, by the folder's rules, so naming the file would not do)."""
+    if (parent.config.getoption("with_solutions") and file_path == ROOT / SOLUTIONS_FILE
+            and not parent.session.isinitpath(file_path)):  # named on its own: pytest collects it
+        return pytest.Module.from_parent(parent, path=file_path)
+    return None
 
 
 def pytest_collectstart(collector):
     if hasattr(collector, "skip_compare"):  # nbval's notebook collector
         collector.skip_compare = tuple(collector.skip_compare) + NOT_COMPARED
+
+
+def unit_of(nodeid: str) -> tuple[str, str]:
+    """(kind, name) of the work unit a test belongs to: ('strict nbval', '01_attention'),
+    ('solutions', '01_attention') or ('tests', 'tests/test_attention.py')."""
+    file = nodeid.split("::")[0]
+    if file.endswith(".ipynb"):
+        return "strict nbval", Path(file).stem
+    if file.endswith(SOLUTIONS_FILE.split("/")[-1]):
+        match = re.search(r"\[(.*)\]$", nodeid)
+        return "solutions", match.group(1) if match else nodeid
+    return "tests", file
+
+
+def _lesson_rank(name: str) -> int:
+    match = re.match(r"(\d+)_", name)
+    return -int(match.group(1)) if match else 0  # later lessons first: they train more
+
+
+def pytest_collection_modifyitems(config, items):
+    early = set()  # test modules that train or mark themselves long: they start first
+    for item in items:
+        kind, name = unit_of(item.nodeid)
+        if kind == "tests" and name in FLOAT_PATH_MODULES:
+            item.add_marker(pytest.mark.float_path)
+        if item.get_closest_marker("float_path") or item.get_closest_marker("long"):
+            early.add(name)
+
+    def rank(item):
+        kind, name = unit_of(item.nodeid)
+        if kind == "solutions":
+            return (0, _lesson_rank(name))
+        if kind == "strict nbval":
+            return (1, _lesson_rank(name))
+        return (2 if name in early else 3, 0)
+
+    items.sort(key=rank)  # stable: a notebook's cells keep their order
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadscope`` with the course's units of work (unit_of), in collection order."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByUnit(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return ":".join(unit_of(nodeid))
+
+        def _reschedule(self, node) -> None:
+            # xdist keeps 3 tests queued per worker; a unit here can be one long test (a lesson's
+            # solutions run), so a worker gets its next unit only when its current one is ending.
+            if not node.shutting_down and self.workqueue and self._pending_of(self.assigned_work[node]) > 1:
+                return
+            super()._reschedule(node)
+
+    config.option.loadscopereorder = False  # keep the longest-first order of the collection
+    return ByUnit(config, log)
+
+
+# ------------------------------------------------------------------------------------------------
+# Timings: the controller (or a run without workers) adds up each unit's setup, call and teardown.
+# ------------------------------------------------------------------------------------------------
+
+_durations: dict[tuple[str, str], float] = {}
+_outcomes: dict[str, int] = {}
+_start = time.time()
+
+
+def pytest_runtest_logreport(report):
+    key = unit_of(report.nodeid)
+    _durations[key] = _durations.get(key, 0.0) + report.duration
+    if report.when == "call" or report.outcome != "passed":
+        _outcomes[report.outcome] = _outcomes.get(report.outcome, 0) + 1
+
+
+def _label() -> dict:
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    return {
+        "float_path": os.environ.get("ATEN_CPU_CAPABILITY") or "native",
+        "threads": os.environ.get("OMP_NUM_THREADS") or ("1" if workers else "all"),
+    }
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if os.environ.get("PYTEST_XDIST_WORKER") or not _durations:
+        return
+    workers = getattr(config.option, "numprocesses", None) or 0
+    label = _label()
+    if workers:
+        label["threads"] = os.environ.get("OMP_NUM_THREADS", "1")
+    lessons = sorted({name for kind, name in _durations if kind != "tests"})
+    write = terminalreporter.write_line
+    terminalreporter.section("time per lesson and per unit of work")
+    write(f"float path {label['float_path']}, {label['threads']} thread(s) per process, "
+          f"{workers or 1} process(es) side by side; seconds on the process that ran it")
+    for lesson in lessons:
+        parts = [f"{kind} {_durations[(kind, lesson)]:6.1f} s" for kind in ("strict nbval", "solutions")
+                 if (kind, lesson) in _durations]
+        write(f"  {lesson:32s} " + "   ".join(parts))
+    modules = sorted(((v, name) for (kind, name), v in _durations.items() if kind == "tests"), reverse=True)
+    if modules:
+        total = sum(v for v, _ in modules)
+        write(f"  {'test modules':32s} {total:6.1f} s in {len(modules)} modules; slowest: "
+              + ", ".join(f"{Path(name).stem} {v:.0f} s" for v, name in modules[:5]))
+    record = {
+        **label, "workers": workers, "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "wall_s": round(time.time() - _start, 1), "exit": int(exitstatus), "outcomes": _outcomes,
+        "units": [{"kind": k, "name": n, "s": round(v, 1)} for (k, n), v in sorted(_durations.items())],
+    }
+    try:
+        TIMINGS.parent.mkdir(parents=True, exist_ok=True)
+        with TIMINGS.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+    except OSError as err:  # a read-only clone still runs its tests
+        write(f"(timings not saved: {err})")

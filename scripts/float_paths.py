@@ -1,7 +1,8 @@
 """The float-path matrix: the tests and lessons whose results depend on training, on every float path.
 
     python scripts/float_paths.py                    (make test-portability: every path this CPU offers)
-    python scripts/float_paths.py --paths default    (CI: PyTorch's portable kernels only)
+    python scripts/float_paths.py --paths default    (one path, every combination)
+    python scripts/float_paths.py --paths default --plan paired   (CI: what `make test` does not run)
     python scripts/float_paths.py --list             (print the paths and the runs, run nothing)
 
 Why: PyTorch picks its CPU kernels when it starts (portable C++, AVX2 or AVX-512, whichever the CPU
@@ -11,15 +12,21 @@ next in the last bits, and after a few hundred steps in its curves. The environm
 paths that learners' and instructors' machines run: ``default`` (portable, different on every x86 CPU
 from the native path), ``avx2`` and, where the CPU has it, ``avx512``.
 
-On each path it runs:
+``--plan full`` (the default) runs on each path:
 
-* the tests that train (``TRAINING_TESTS``) with 1 and with 2 threads (``OMP_NUM_THREADS``): the
-  recipes must hold whatever the thread count;
-* strict nbval over every lesson: lessons that pin the thread count (``torch.set_num_threads``) once,
-  the others with 1 and with 2 threads;
-* every lesson again with the solutions in place of the stubs (``tests/notebooks_with_solutions.py``).
+* the tests that train (``training_tests()``) and strict nbval over every lesson with 1 thread per
+  process, two processes side by side (pytest-xdist; conftest.py keeps a notebook on one worker);
+* the tests that train and strict nbval over the lessons that do not pin their thread count
+  (``torch.set_num_threads``) with 2 threads, one process;
+* every lesson with the solutions in place of the stubs (``tests/notebooks_with_solutions.py``).
 
-It prints one line per run and a summary, and exits 1 if any run failed.
+``--plan paired`` pairs the dimensions instead of crossing them. `make test` already runs everything
+on the native path with 1 thread per process; the paired plan runs, on each given path, the tests
+that train and the lessons that do not pin threads with 2 threads, and the lessons that pin their
+threads once. So every path and every thread count is run, but not every combination of them.
+
+It prints one line per run and a summary, and exits 1 if any run failed (pytest's exit code 5, "no
+tests collected", is not a failure: e.g. no lesson pins its threads).
 """
 
 from __future__ import annotations
@@ -33,13 +40,25 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+# Test modules whose results depend on training. A new one marks itself with
+# `pytestmark = pytest.mark.float_path` (found by training_tests()); these four predate the mark.
 TRAINING_TESTS = [
     "tests/test_training.py", "tests/test_data_dates.py", "tests/test_fused_attention.py",
     "tests/test_gpt_recipe.py",
 ]
 NBVAL = ["--nbval-current-env", "--nbval-sanitize-with", "tests/nbval_sanitize.cfg",
          "--nbval-cell-timeout=600", "-p", "no:cacheprovider"]
+SIDE_BY_SIDE = ["-n", "2", "--dist", "loadscope"]  # as `make test`: 2 workers, 1 thread each
+SOLUTIONS = ["tests/notebooks_with_solutions.py", "-p", "no:cacheprovider"]
 ORDER = ["default", "avx2", "avx512"]  # PyTorch's names, lowest first
+NO_TESTS = 5  # pytest's exit code when nothing was collected
+
+
+def training_tests() -> list[str]:
+    """TRAINING_TESTS and every tests/test_*.py that marks itself ``pytest.mark.float_path``."""
+    marked = [str(p.relative_to(ROOT)) for p in sorted((ROOT / "tests").glob("test_*.py"))
+              if "mark.float_path" in p.read_text()]
+    return sorted(set(TRAINING_TESTS) | set(marked))
 
 
 def native_path() -> str:
@@ -59,28 +78,31 @@ def pins_threads(notebook: Path) -> bool:
     return "torch.set_num_threads(" in notebook.read_text()
 
 
-def runs(path: str) -> list[tuple[str, dict[str, str], list[str]]]:
+def runs(path: str, plan: str = "full") -> list[tuple[str, dict[str, str], list[str]]]:
     """(label, environment changes, pytest arguments) for one float path."""
+    every = [str(nb.relative_to(ROOT)) for nb in NOTEBOOKS]
     pinned = [str(nb.relative_to(ROOT)) for nb in NOTEBOOKS if pins_threads(nb)]
-    free = [str(nb.relative_to(ROOT)) for nb in NOTEBOOKS if not pins_threads(nb)]
-    out = []
-    for threads in ("1", "2"):
-        env = {"ATEN_CPU_CAPABILITY": path, "OMP_NUM_THREADS": threads}
-        out.append((f"training tests, {threads} thread(s)", env, [*TRAINING_TESTS, "-p", "no:cacheprovider"]))
-        if free:
-            out.append((f"nbval, lessons that do not pin threads, {threads} thread(s)", env,
-                        ["--nbval", *free, *NBVAL]))
-    env = {"ATEN_CPU_CAPABILITY": path}
-    if pinned:
-        out.append(("nbval, lessons that pin their threads", env, ["--nbval", *pinned, *NBVAL]))
-    out.append(("every lesson with its solutions", env,
-                ["tests/notebooks_with_solutions.py", "-p", "no:cacheprovider"]))
+    free = [nb for nb in every if nb not in pinned]
+    training = training_tests()
+    one, two = {"ATEN_CPU_CAPABILITY": path, "OMP_NUM_THREADS": "1"}, \
+        {"ATEN_CPU_CAPABILITY": path, "OMP_NUM_THREADS": "2"}
+    out = [("training tests and strict nbval of the lessons that do not pin threads, 2 threads", two,
+            [*training, "--nbval", *free, *NBVAL])]
+    if plan == "full":
+        out.insert(0, ("training tests and strict nbval of every lesson, 1 thread, 2 side by side", one,
+                       [*SIDE_BY_SIDE, *training, "--nbval", *every, *NBVAL]))
+        out.append(("every lesson with its solutions", {"ATEN_CPU_CAPABILITY": path}, SOLUTIONS))
+    elif pinned:
+        out.append(("strict nbval of the lessons that pin their threads, 2 side by side",
+                    {"ATEN_CPU_CAPABILITY": path}, [*SIDE_BY_SIDE, "--nbval", *pinned, *NBVAL]))
     return out
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--paths", nargs="+", choices=ORDER, help="default: every path this CPU offers")
+    parser.add_argument("--plan", choices=["full", "paired"], default="full",
+                        help="full: every combination; paired: what `make test` leaves (CI)")
     parser.add_argument("--list", action="store_true", help="print the paths and runs, run nothing")
     args = parser.parse_args()
     offered = paths_offered()
@@ -89,10 +111,11 @@ def main() -> int:
     if missing:
         print(f"this CPU's native path is {offered[-1]}; it cannot run {', '.join(missing)}")
         return 2
-    print(f"float paths: {', '.join(paths)} (this CPU's native path: {offered[-1]})", flush=True)
+    print(f"float paths: {', '.join(paths)} (this CPU's native path: {offered[-1]}), plan {args.plan}",
+          flush=True)
     failed, summary = [], []
     for path in paths:
-        for label, env, pytest_args in runs(path):
+        for label, env, pytest_args in runs(path, args.plan):
             name = f"[{path}] {label}"
             if args.list:
                 print(name)
@@ -102,12 +125,13 @@ def main() -> int:
             code = subprocess.run([sys.executable, "-m", "pytest", "-q", *pytest_args], cwd=ROOT,
                                   env={**os.environ, **env}).returncode
             seconds = time.perf_counter() - start
-            summary.append(f"{'passed' if code == 0 else 'FAILED':6s} {seconds:6.0f} s  {name}")
-            if code != 0:
+            status = {0: "passed", NO_TESTS: "none"}.get(code, "FAILED")
+            summary.append(f"{status:6s} {seconds:6.0f} s  {name}")
+            if status == "FAILED":
                 failed.append(name)
     if not args.list:
         print("\nfloat-path matrix:\n" + "\n".join(summary))
-        print(f"{len(summary) - len(failed)} passed, {len(failed)} failed")
+        print(f"{len(summary) - len(failed)} runs passed, {len(failed)} failed")
     return 1 if failed else 0
 
 

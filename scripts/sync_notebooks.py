@@ -42,7 +42,7 @@ SOURCES_KEY = "attachment_sources"  # cell metadata: attachment name -> path rel
 
 # Packages a lesson never needs at run time (the course's own tooling).
 DEV_ONLY = {"jupyterlab", "ipykernel", "ipython", "nbformat", "nbclient", "nbconvert", "pytest",
-            "nbval", "websocket-client"}
+            "nbval", "pytest-xdist", "websocket-client"}
 # Extra packages, needed only when the lesson's code mentions one of the words.
 NEEDED_WHEN = {
     "transformers": ("transformers", "pretrained", "minilm", "bertviz"),

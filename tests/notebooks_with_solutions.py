@@ -1,13 +1,14 @@
 """The second test run: every notebook with each exercise stub replaced by its solution.
 
-    python -m pytest tests/notebooks_with_solutions.py      (part of `make test`)
+    python -m pytest tests/notebooks_with_solutions.py      (make test-solutions; `make test` runs it too)
 
 Instructors need to know that every solution is right, in the notebook where learners use it. For each
 lesson this replaces every stub cell (metadata ``"exercise": "NN.name"``) by the solution block of
 ``course_lib/solutions/lessonNN.py``, runs the notebook top to bottom on a fresh kernel, and requires
 that no cell fails and that every checker call passed: none says "not implemented yet", none failed,
 and there are at least as many passing calls as exercises. The file name does not start with
-``test_``, so the first test run (pytest tests, with nbval) does not collect it.
+``test_``, so ``pytest tests`` does not collect it: `make test` adds it with ``--with-solutions``
+(conftest.py), which also makes each lesson here its own unit of work beside the others (pytest-xdist).
 """
 
 from __future__ import annotations

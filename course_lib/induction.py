@@ -16,6 +16,9 @@ is one relative-offset pattern; the two-head circuit formed in one search run (s
 script: previous-token 0.67, induction 0.88 at step 500), but NOT within 1,000 steps in four
 further runs of this module (seeds 0 and 1; 8 heads; lr 1e-2): the time to the phase change
 varies widely from seed to seed, and this recipe is not yet one that forms on every run.
+Tiled rows also reward sums of fixed offsets (a multiple of the period); one longer run copied
+through layer-0 heads at offsets 13/14 and layer-1 heads at offset 6 instead of induction
+(see ``scripts/induction.py``).
 
 ``train_induction`` trains it; ``save_checkpoint`` / ``load_checkpoint`` keep the trained weights
 in ``course_lib/results/induction.pt`` (``make induction``), which the lesson loads.

@@ -106,10 +106,22 @@ def merge(ids: Sequence[int], pair: tuple[int, int], new_id: int) -> list[int]:
     return out
 
 
+_SURROGATE = regex.compile(r"[\ud800-\udfff]")
+
+
 def _check_text(text, where: str) -> None:
+    """Refuse what is not text: a non-str, and a str with a lone surrogate (U+D800..U+DFFF, half
+    of a UTF-16 pair, e.g. from ``"\\ud83d"``), which has no UTF-8 bytes. tiktoken replaces it
+    by U+FFFD without a word; we say so instead."""
     if not isinstance(text, str):
         raise TypeError(f"{where}: expected a str, got {type(text).__name__}; "
                         "pass text (decode bytes first with .decode('utf-8'))")
+    if (found := _SURROGATE.search(text)) is not None:
+        raise ValueError(
+            f"{where}: the text has a lone surrogate {found.group()!r} at position "
+            f"{found.start()}: half of a UTF-16 pair, not a character, so it has no UTF-8 bytes. "
+            "Fix the text where it came from, or replace such halves by U+FFFD as tiktoken does: "
+            "text.encode('utf-16', 'surrogatepass').decode('utf-16', 'replace')")
 
 
 def _check_ids(ids, vocab_size: int, where: str) -> list[int]:
@@ -118,6 +130,9 @@ def _check_ids(ids, vocab_size: int, where: str) -> list[int]:
         raise TypeError(f"{where}: expected a list of token ids, got a str")
     ids = ids.tolist() if hasattr(ids, "tolist") else list(ids)
     for i in ids:
+        if isinstance(i, list):
+            raise TypeError(f"{where}: expected one flat sequence of token ids, got a nested one "
+                            f"(a batch?): decode each row on its own")
         if isinstance(i, bool) or not isinstance(i, int):
             raise TypeError(f"{where}: token ids must be ints, got {i!r} ({type(i).__name__})")
         if not 0 <= i < vocab_size:
@@ -238,7 +253,7 @@ class BPETokenizer:
         with its count. Each step merges the most frequent adjacent pair; a tie goes to the
         smallest pair ``(a, b)`` (so the result never depends on dict order). Training stops early
         (with a warning) when no pair occurs at least twice: merging a pair seen once teaches
-        nothing. ``method="naive"`` recounts all pairs after each merge; ``"incremental"``
+        nothing (the course's rule: Hugging Face's ``BpeTrainer`` and minbpe go on). ``method="naive"`` recounts all pairs after each merge; ``"incremental"``
         updates only the counts a merge changes. Both give identical merges. A custom
         ``pattern`` must match every character (GPT-2's does), or ``encode`` would drop text.
         """
@@ -375,6 +390,29 @@ class GPT2Tokenizer:
             merges.append(pair)
         return cls(encoder, merges)
 
+    def byte_level_merges(self) -> dict[tuple[int, int], int]:
+        """GPT-2's 50,000 merges in ``BPETokenizer``'s numbering: byte ``b`` is id ``b``, and the
+        merge of rank ``r`` makes id ``256 + r`` (which is also GPT-2's own id for that token; only
+        the 256 byte tokens have other ids in ``encoder.json``, see ``from_byte_level``).
+        ``BPETokenizer(gpt2.byte_level_merges())`` encodes as GPT-2 does, in these ids."""
+        byte_decoder = {c: b for b, c in self.byte_encoder.items()}
+
+        def byte_level_id(piece: str) -> int:
+            return byte_decoder[piece] if len(piece) == 1 else self.encoder[piece]
+
+        merges = {}
+        for (a, b), rank in sorted(self.ranks.items(), key=lambda item: item[1]):
+            if self.encoder[a + b] != 256 + rank:
+                raise ValueError(f"GPT2Tokenizer: merge {rank} makes id {self.encoder[a + b]}, "
+                                 f"not {256 + rank}: these files do not number tokens by rank")
+            merges[(byte_level_id(a), byte_level_id(b))] = 256 + rank
+        return merges
+
+    def from_byte_level(self, ids: Sequence[int]) -> list[int]:
+        """``BPETokenizer``-numbered ids (bytes 0-255, merges 256 + rank) as GPT-2's ids."""
+        ids = _check_ids(ids, len(self._token_bytes), "GPT2Tokenizer.from_byte_level")
+        return [self.encoder[self.byte_encoder[i]] if i < 256 else i for i in ids]
+
     def _bpe(self, word: str) -> list[int]:
         """Ids of one chunk (already in byte characters): merge the lowest-rank pair until none
         of the adjacent pairs is a merge."""
@@ -404,29 +442,48 @@ class GPT2Tokenizer:
                 chunk_ids = self._cache[chunk] = self._bpe(word)
             ids.extend(chunk_ids)
 
-    def encode(self, text: str, allowed_special: Iterable[str] = (SPECIAL,)) -> list[int]:
-        """GPT-2's ids for ``text``.
+    def encode(self, text: str, allowed_special: Iterable[str] | str = (SPECIAL,),
+               disallowed_special: Iterable[str] | str = "all") -> list[int]:
+        """GPT-2's ids for ``text``, with tiktoken's rules for the special token.
 
         ``<|endoftext|>`` in the text becomes id 50256 when it is in ``allowed_special`` (the
-        default, as Hugging Face does); with ``allowed_special=()`` it raises ``ValueError``, as
-        tiktoken's ``encode`` does by default (a document must not smuggle in the end marker).
+        default, as Hugging Face does; ``"all"`` means the same). When it is not allowed:
+        ``disallowed_special="all"`` (the default) refuses the text with a ``ValueError``, as
+        tiktoken's ``encode(text)`` does (a document must not smuggle in the end marker), and
+        ``disallowed_special=()`` encodes it as ordinary text (``'<' '|' 'end' 'of' 'text' '|' '>'``).
         """
         _check_text(text, "GPT2Tokenizer.encode")
-        allowed = set(allowed_special)
-        if allowed - {self.SPECIAL}:
-            raise ValueError(f"GPT2Tokenizer.encode: the only special token is {self.SPECIAL!r}, "
-                             f"got allowed_special={sorted(allowed)}")
+        allowed = self._special_set(allowed_special, "allowed_special")
+        disallowed = self._special_set(disallowed_special, "disallowed_special") - allowed
         ids: list[int] = []
-        pieces = text.split(self.SPECIAL)
-        if len(pieces) > 1 and not allowed:
+        if self.SPECIAL in text and self.SPECIAL in disallowed:
             raise ValueError(f"GPT2Tokenizer.encode: the text contains the special token "
-                             f"{self.SPECIAL!r}; pass allowed_special=({self.SPECIAL!r},) to "
-                             "encode it as id 50256, or remove it from the text")
+                             f"{self.SPECIAL!r}; pass allowed_special={{{self.SPECIAL!r}}} to "
+                             "encode it as id 50256, or disallowed_special=() to encode it as "
+                             "ordinary text (as tiktoken's encode does)")
+        pieces = text.split(self.SPECIAL) if self.SPECIAL in allowed else [text]
         for k, piece in enumerate(pieces):
             if k:
                 ids.append(self.ENDOFTEXT)
             self._encode_ordinary(piece, ids)
         return ids
+
+    def _special_set(self, value: Iterable[str] | str, name: str) -> set[str]:
+        """``"all"`` or a collection of special tokens (only ``<|endoftext|>`` exists)."""
+        if isinstance(value, str):
+            if value != "all":
+                raise TypeError(f"GPT2Tokenizer.encode: {name} is 'all' or a set of special "
+                                f"tokens, e.g. {{{self.SPECIAL!r}}}; got the string {value!r}")
+            return {self.SPECIAL}
+        try:
+            found = set(value)
+        except TypeError:
+            raise TypeError(f"GPT2Tokenizer.encode: {name} is 'all' or a set of special tokens, "
+                            f"got {type(value).__name__}") from None
+        if found - {self.SPECIAL}:
+            raise ValueError(f"GPT2Tokenizer.encode: the only special token is {self.SPECIAL!r}, "
+                             f"got {name}={sorted(map(str, found))}")
+        return found
 
     def decode_bytes(self, ids: Sequence[int]) -> bytes:
         ids = _check_ids(ids, len(self._token_bytes), "GPT2Tokenizer.decode")
@@ -453,9 +510,11 @@ _ASCII_WORDS = regex.compile(r"[A-Za-z0-9]+|[!-/:-@\[-`{-~]")
 
 
 def _is_control(ch: str) -> bool:
-    """Dropped by BERT's cleaning: Unicode's "Other" categories (Cc, Cf, Cs, Co, Cn), except the
-    whitespace controls \\t \\n \\r."""
-    return ch not in "\t\n\r" and unicodedata.category(ch).startswith("C")
+    """Dropped by BERT's cleaning: Unicode's "Other" categories Cc, Cf, Cs and Co, except the
+    whitespace controls \\t \\n \\r. Not Cn: an unassigned code point (or an emoji newer than
+    Python's Unicode tables) stays in its word, which becomes ``[UNK]``, as the fast tokenizer
+    does; dropping it would make text vanish without a trace."""
+    return ch not in "\t\n\r" and unicodedata.category(ch) in ("Cc", "Cf", "Cs", "Co")
 
 
 def _is_punctuation(ch: str) -> bool:

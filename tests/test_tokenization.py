@@ -329,3 +329,117 @@ def test_the_benchmark_runs_on_a_tiny_budget():
     assert t["merges"] == 20 and t["naive_done"] == 6 and t["half"] == 3
     assert t["naive_estimate"] > t["naive_first_half"] > 0
     assert "".join(bench.lines_with_ends("a\n\nb\n")) == "a\n\nb\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# Special tokens, GPT-2's merges as byte ids, unassigned code points, bad input (issue 25)
+# ---------------------------------------------------------------------------------------------
+
+def _tiktoken_gpt2():
+    import tiktoken
+    from tiktoken.load import data_gym_to_mergeable_bpe_ranks
+
+    encoder_json, vocab_bpe = gpt2_files()
+    return tiktoken.Encoding(
+        name="gpt2_local", pat_str=GPT2_SPLIT_PATTERN,
+        mergeable_ranks=data_gym_to_mergeable_bpe_ranks(
+            vocab_bpe_file=str(vocab_bpe), encoder_json_file=str(encoder_json)),
+        special_tokens={"<|endoftext|>": 50256})
+
+
+SPECIAL_CASES = ["<|endoftext|>", "a<|endoftext|>b", "<|endoftext|><|endoftext|>", " <|endoftext|> ",
+                 "<|endoftext", "endoftext|>", "x <|ENDOFTEXT|> y", "plain text", ""]
+
+
+@pytest.mark.parametrize("mode", ["allowed", "all", "as text", "refused"])
+def test_special_token_modes_equal_tiktokens(gpt2, mode):
+    """allowed_special / disallowed_special as tiktoken's: the same ids, or both refuse."""
+    enc = _tiktoken_gpt2()
+    kwargs = {"allowed": {"allowed_special": {"<|endoftext|>"}},
+              "all": {"allowed_special": "all"},
+              "as text": {"allowed_special": set(), "disallowed_special": ()},
+              "refused": {}}[mode]
+    ours_kwargs = dict(kwargs) if mode != "refused" else {"allowed_special": ()}
+    for text in SPECIAL_CASES:
+        try:
+            theirs = enc.encode(text, **kwargs)
+        except ValueError:
+            with pytest.raises(ValueError, match="contains the special token"):
+                gpt2.encode(text, **ours_kwargs)
+            continue
+        assert gpt2.encode(text, **ours_kwargs) == theirs, (mode, text)
+    assert gpt2.encode("a<|endoftext|>b", allowed_special=(), disallowed_special=()) == [
+        64, 27, 91, 437, 1659, 5239, 91, 29, 65]
+
+
+def test_special_token_arguments_are_checked(gpt2):
+    with pytest.raises(TypeError, match="allowed_special is 'all' or a set"):
+        gpt2.encode("a", allowed_special="<|endoftext|>")
+    with pytest.raises(TypeError, match="disallowed_special is 'all' or a set"):
+        gpt2.encode("a", disallowed_special=5)
+    with pytest.raises(ValueError, match="only special token"):
+        gpt2.encode("a", disallowed_special={"<|fim|>"})
+
+
+def test_byte_level_merges_encode_as_gpt2(gpt2, corpus_lines):
+    """GPT-2's merges renumbered by byte (BPETokenizer's ids) give GPT-2's ids after mapping."""
+    bpe = BPETokenizer(gpt2.byte_level_merges())
+    assert len(bpe) == len(gpt2) - 1  # all but <|endoftext|>
+    rng = random.Random(0)
+    cases = rng.sample(corpus_lines, 2000) + [s for s in GPT2_HARD if "<|endoftext|>" not in s]
+    for s in cases:
+        assert gpt2.from_byte_level(bpe.encode(s)) == gpt2.encode(s), s
+        assert bpe.decode(bpe.encode(s)) == s
+
+
+def test_wordpiece_unassigned_code_points_become_unk_as_the_fast_tokenizer():
+    """Unassigned code points (Cn in Python's tables) stay in their word, which becomes [UNK]:
+    checked on a sample of 20,000 of them, in and around words; 'new 🫨' keeps its emoji."""
+    import unicodedata
+
+    from course_lib.pretrained import load_tokenizer
+
+    ours, bert = WordPieceTokenizer.from_vocab(), load_tokenizer()
+    rng = random.Random(0)
+    unassigned = [c for c in range(0x110000) if unicodedata.category(chr(c)) == "Cn"]
+    sample = rng.sample(unassigned, 20_000)
+    cases = [f"a{chr(c)}b" if k % 2 else f"new {chr(c)} word" for k, c in enumerate(sample)]
+    cases += ["new \U0001FAE8", "\U000E0080"]
+    mine = [ours.encode(s) for s in cases]
+    theirs = bert(cases)["input_ids"]
+    differ = [s for s, a, b in zip(cases, mine, theirs) if a != b]
+    assert differ == [], f"{len(differ)} differ, e.g. {differ[:3]!r}"
+    assert ours.tokenize("new \U0001FAE8") == ["new", "[UNK]"]
+
+
+@pytest.mark.parametrize("tokenize", ["bpe", "gpt2", "wordpiece"])
+def test_lone_surrogates_are_refused_with_a_fix(tokenize, small_bpe, gpt2):
+    wp = WordPieceTokenizer.from_vocab()
+    fn = {"bpe": small_bpe.encode, "gpt2": gpt2.encode, "wordpiece": wp.tokenize}[tokenize]
+    with pytest.raises(ValueError, match=r"lone surrogate '\\ud83d' at position 2.*surrogatepass"):
+        fn("ab\ud83d")
+    with pytest.raises(ValueError, match="lone surrogate"):
+        BPETokenizer.train("x\udc00y", 300)
+    assert fn("") == []
+
+
+def test_more_bad_input_is_refused(small_bpe, gpt2):
+    import numpy as np
+    import torch
+
+    with pytest.raises(TypeError, match="flat sequence"):
+        small_bpe.decode(torch.tensor([[1, 2], [3, 4]]))
+    with pytest.raises(TypeError, match="token ids must be ints, got 1.0"):
+        gpt2.decode(torch.tensor([1.0, 2.0]))
+    assert gpt2.decode(np.array([15496, 995])) == "Hello world"
+    assert gpt2.decode(torch.tensor([15496, 995], dtype=torch.int16)) == "Hello world"
+    with pytest.raises(TypeError, match="expected a list of token ids, got a str"):
+        gpt2.decode("15496")
+    with pytest.raises(TypeError, match="expected a str, got bytes"):
+        small_bpe.encode(b"bytes")
+    with pytest.raises(TypeError, match="expected a str, got int"):
+        WordPieceTokenizer.from_vocab().tokenize(5)
+    with pytest.raises(ValueError, match="id -3"):
+        WordPieceTokenizer.from_vocab().decode([-3])
+    with pytest.raises(ValueError, match="vocab_size must be an int"):
+        BPETokenizer.train("text", 300.0)

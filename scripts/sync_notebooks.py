@@ -54,6 +54,16 @@ NEEDED_WHEN = {
     "xstatic-jquery": ("bertviz",),
     "tiktoken": ("tiktoken",),
     "regex": ("course_lib.tokenization",),
+    # TransformerLens's imports (requirements.txt); transformer-lens itself is in requirements-tl.txt
+    "einops": ("transformer_lens", "lens_port"),
+    "fancy-einsum": ("transformer_lens", "lens_port"),
+    "jaxtyping": ("transformer_lens", "lens_port"),
+    "wadler_lindig": ("transformer_lens", "lens_port"),
+    "beartype": ("transformer_lens", "lens_port"),
+    "better-abc": ("transformer_lens", "lens_port"),
+    "typeguard": ("transformer_lens", "lens_port"),
+    "datasets": ("transformer_lens", "lens_port"),
+    "pandas": ("transformer_lens", "lens_port"),
 }
 
 # The badge image, committed beside this script (drawn once with matplotlib): a cell attachment

@@ -14,10 +14,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import functools
 import math
 import numbers
-from collections.abc import Callable
+import signal
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -27,10 +31,12 @@ from ..attention import MultiHeadAttention
 from ..embeddings import TransformerEmbedding
 from ..gpt import GPT, GPTConfig, from_hf_gpt2, hf_gpt2_config, lm_loss, load_into_hf_gpt2
 from ..layers import Encoder
+from ..lm_training import LMRecipe
 from ..masks import causal_mask
 from ._common import CheckFailure, calls_to, checker, expect_shape, is_course_lib, passed, run_learner
 
-__all__ = ["check_initial_loss", "check_gpt_forward", "check_attention_port"]
+__all__ = ["check_initial_loss", "check_lm_loss", "check_gpt_forward", "check_lm_train", "check_generate",
+           "check_attention_port"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -160,7 +166,10 @@ def _gpt_forward_variant(
     B, T = ids.shape
     d = model.config.d_model
     tok = model.embed.token.embedding(ids) * (math.sqrt(d) if scale else 1.0)  # (B, T, d)
-    pos = model.embed.position(T) if positions else torch.zeros(T, d)  # (T, d)
+    if positions == "one_based":
+        pos = model.embed.position(T + 1)[1:]  # (T, d): positions 1..T
+    else:
+        pos = model.embed.position(T) if positions else torch.zeros(T, d)  # (T, d)
     p = model.embed.dropout.p
     if embed_dropout == "module":
         x = model.embed.dropout(tok + pos)
@@ -171,8 +180,8 @@ def _gpt_forward_variant(
     else:
         x = tok + pos
     m = {"causal": causal_mask(T), "none": None, "triu": causal_mask(T).T,
-         "inverted": ~causal_mask(T)}[mask]  # (T, T)
-    h = x
+         "inverted": ~causal_mask(T), "strict": causal_mask(T).tril(-1)}[mask]  # (T, T)
+    h = model.blocks.norm(x) if final_norm == "start" else x
     for layer in model.blocks.layers:
         out = layer(h if chained else x, m)  # (B, T, d)
         h = h + out if extra_residual else out
@@ -195,6 +204,12 @@ _FORWARD_MISTAKES: list[tuple[dict[str, Any], str]] = [
      "t..T-1, the future. causal_mask(T) is lower-triangular: row t may see 0..t"),
     ({"mask": "inverted"}, "the mask is inverted (~causal_mask): True means MAY attend, so pass "
      "causal_mask(T) itself; yours hides the past and shows the future"),
+    ({"mask": "strict"}, "the mask is off by one: tril(-1) hides the diagonal, so position t cannot "
+     "see itself (and position 0 sees nothing). causal_mask(T) keeps the diagonal: row t sees 0..t"),
+    ({"final_norm": "start"}, "model.blocks.norm is applied before the blocks: it is the FINAL "
+     "LayerNorm (GPT-2's ln_f), after the last layer and before lm_head"),
+    ({"positions": "one_based"}, "the positions start at 1: the first character has position 0, "
+     "so use model.embed.position(T) (positions 0..T-1)"),
     ({"final_norm": "none"}, "the final LayerNorm is missing: a pre-LN stack ends with "
      "model.blocks.norm (GPT-2's ln_f) after the last layer, before lm_head"),
     ({"final_norm": "every_layer"}, "model.blocks.norm is applied after every layer; it is the "
@@ -270,6 +285,18 @@ def _run_forward(fn: Callable[..., Any], model: GPT, ids: torch.Tensor, case: st
         )
     if error is not None:
         text = str(error)
+        if "non-singleton dimension 0" in text and f"({T})" in text and f"({ids.size(0)})" in text:
+            raise CheckFailure(
+                f"Shapes do not add up ({case}): the position vectors were unsqueezed to "
+                f"(T, 1, d_model); model.embed.position(T) is (T, d_model) and adds to the token "
+                f"vectors (B, T, d_model) as it is. ({type(error).__name__}: {error})"
+            ) from error
+        if f"sequence length {T + 1} exceeds" in text:
+            raise CheckFailure(
+                f"Your code asks for {T + 1} positions for a window of T = {T} ({case}): positions "
+                "start at 0, not 1. Use model.embed.position(T), positions 0..T-1. "
+                f"({type(error).__name__}: {error})"
+            ) from error
         if f"({max_len})" in text and f"({T})" in text:
             raise CheckFailure(
                 f"Positions of the wrong length ({case}): your code builds {max_len} position "
@@ -282,6 +309,7 @@ def _run_forward(fn: Callable[..., Any], model: GPT, ids: torch.Tensor, case: st
                 f"number of positions is ids.size(1), not ids.size(0). ({type(error).__name__}: "
                 f"{error})"
             ) from error
+        _hard_coded_probe(fn, case)
         raise CheckFailure(
             f"Your code raised {type(error).__name__} ({case}): {error}. Print the shape after each "
             "line: ids (B, T) -> token + position vectors (B, T, d_model) -> each layer "
@@ -296,6 +324,61 @@ def _run_forward(fn: Callable[..., Any], model: GPT, ids: torch.Tensor, case: st
     return got
 
 
+def _matches(got: Any, expected: torch.Tensor) -> bool:
+    return isinstance(got, torch.Tensor) and _close64(got, expected, atol=1e-4, rtol=1e-4)
+
+
+class _ValueDropout(torch.nn.Module):
+    """Dropout whose zeros depend on each value, not on a random stream: a forward pass that runs
+    one window at a time, or in another order, gets the same zeros as ``model(ids)``. Follows
+    train()/eval() like ``nn.Dropout`` and keeps its ``p``."""
+
+    def __init__(self, p: float) -> None:
+        super().__init__()
+        self.p = p
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.p == 0:
+            return x
+        keep = torch.frac((x.detach().float() * 37.0).abs()) >= self.p  # about 1 - p of the values
+        return x * keep / (1 - self.p)
+
+
+def _swap_dropout(model: torch.nn.Module, make: Callable[[float], torch.nn.Module]) -> list:
+    """Replace every dropout module of ``model`` by ``make(p)``; return the replaced ones."""
+    replaced = []
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, (torch.nn.Dropout, _ValueDropout)):
+                replaced.append(child)
+                new = make(child.p)
+                new.train(child.training)
+                setattr(module, name, new)
+    return replaced
+
+
+_LESSON_SIZES = dict(vocab_size=83, max_len=64, d_model=128, num_heads=4, num_layers=4)
+
+
+def _hard_coded_probe(fn: Callable[..., Any], case: str) -> None:
+    """Fail naming hard-coded sizes if ``fn`` is right at the lesson's own sizes (83 characters,
+    64 positions, d_model 128, 4 heads) while it failed at the checker's."""
+    model = _forward_model(GPTConfig(**_LESSON_SIZES), 7).eval()
+    ids = torch.randint(0, 83, (2, 64), generator=torch.Generator().manual_seed(7))
+    try:
+        with torch.no_grad():
+            got = fn(model, ids)
+            expected = model(ids)
+    except Exception:  # noqa: BLE001 (wrong there too: not a hard-coded size)
+        return
+    if _matches(got, expected):
+        raise CheckFailure(
+            f"Your forward pass is right at the lesson's own sizes (83 characters, 64 positions, "
+            f"d_model 128, 4 heads) but not here ({case}): a size is hard-coded. Read them from "
+            "the input and the model: T = ids.size(1), model.config.d_model, model.config.max_len."
+        )
+
+
 def _forward_reason(
     got: torch.Tensor, model: GPT, ids: torch.Tensor, seed: int, mistakes: list[tuple[dict, str]]
 ) -> str | None:
@@ -304,7 +387,7 @@ def _forward_reason(
         torch.manual_seed(seed)
         with torch.no_grad():
             wrong = _gpt_forward_variant(model, ids, **knobs)
-        if torch.allclose(got, wrong, atol=1e-4, rtol=1e-4):
+        if _matches(got, wrong):
             return message
     return None
 
@@ -337,10 +420,25 @@ def _check_gpt_forward(fn: Callable[..., Any]) -> None:
         model = _forward_model(config, seed)
         model.train(training)
         ids = torch.randint(0, config.vocab_size, (B, T), generator=torch.Generator().manual_seed(seed))
+        if training:  # dropout that depends on the values, not on the order of random draws
+            real = _swap_dropout(model, lambda p: _ValueDropout(p))
         got = _run_forward(fn, model, ids, case, seed=100 + seed)
         torch.manual_seed(100 + seed)
         with torch.no_grad():
-            expected = model(ids)  # (B, T, V): the same dropout draws as the learner's, if right
+            expected = model(ids)  # (B, T, V)
+        if training and not _matches(got, expected):
+            # functional dropout (random draws): compare with the same draws, in the same order
+            _swap_dropout(model, lambda p: real.pop(0))
+            got = _run_forward(fn, model, ids, case, seed=100 + seed)
+            torch.manual_seed(100 + seed)
+            with torch.no_grad():
+                expected = model(ids)
+        if isinstance(got, torch.Tensor) and B == 1 and got.shape == (T, T, config.vocab_size):
+            raise CheckFailure(
+                f"Wrong output shape ({case}): {tuple(got.shape)}, one row per position, for a "
+                f"single window. The position vectors were unsqueezed to (T, 1, d_model): "
+                f"model.embed.position(T) is (T, d_model) and adds to (B, T, d_model) as it is."
+            )
         if isinstance(got, torch.Tensor) and got.shape == (B, T, config.d_model):
             raise CheckFailure(
                 f"Wrong output shape ({case}): you return {tuple(got.shape)}, the hidden states "
@@ -350,7 +448,7 @@ def _check_gpt_forward(fn: Callable[..., Any]) -> None:
         expect_shape(got, (B, T, config.vocab_size), f"the logits ({case})",
                      "Logits are (B, T, V): one score per vocabulary entry at every position.")
         got = got.detach()
-        if torch.allclose(got, expected, atol=1e-4, rtol=1e-4):
+        if _matches(got, expected):
             continue
         mistakes = list(_FORWARD_MISTAKES)
         if training:
@@ -363,8 +461,9 @@ def _check_gpt_forward(fn: Callable[..., Any]) -> None:
                 "the module model.embed.dropout, which follows model.train() / model.eval()")])
         if reason is not None:
             raise CheckFailure(f"Likely mistake ({case}): {reason}.")
+        _hard_coded_probe(fn, case)
         causal = _causal_leak(fn, model, ids, case, seed)
-        diff = (got - expected).abs().max().item()
+        diff = (got.double() - expected.double()).abs().max().item()
         raise CheckFailure(
             f"Output differs from model(ids) ({case}): largest difference {diff:.3g}.{causal} None "
             "of the usual mistakes explains it; compare your hidden states with the reference's "
@@ -449,17 +548,14 @@ def _port_findings(ours: MultiHeadAttention, theirs: Any, before: dict[str, torc
             if "?" not in order and order != list(names):
                 findings.append(f"c_attn holds the projections in the order {', '.join(order)}; "
                                 "GPT-2 splits c_attn's output into q, k, v in that order")
-            elif all(plain):
-                findings.append("c_attn.weight is not transposed: Conv1D stores (in, out), "
-                                "nn.Linear (out, in). Concatenate the three (d, d) weights along "
-                                "dim=0 into (3d, d) and transpose: torch.cat([...], dim=0).t()")
             elif any(plain):
-                which = ", ".join(n for n, p in zip(names, plain) if p)
-                findings.append(f"in c_attn, the block of {which} is not transposed: every "
-                                "nn.Linear weight (out, in) becomes (in, out) in a Conv1D")
+                which = [n for n, p in zip(names, plain) if p]
+                findings.append(f"c_attn.weight has the shape GPT2Attention expects, ({d}, {3 * d}), "
+                                f"but other values: the {', '.join(which)} it computes from an input "
+                                "x differ from " + ", ".join(f"ours.{n}_proj(x)" for n in which))
             else:
-                findings.append("c_attn.weight holds other numbers than q_proj, k_proj, v_proj's "
-                                "weights, transposed and side by side (d, 3d)")
+                findings.append("c_attn.weight holds other numbers than ours' q_proj, k_proj and "
+                                "v_proj weights, in any layout")
     # c_attn.bias: q, k, v biases one after the other
     expected_bias = torch.cat([biases[n] for n in names])
     if unchanged["c_attn.bias"]:
@@ -477,8 +573,8 @@ def _port_findings(ours: MultiHeadAttention, theirs: Any, before: dict[str, torc
         findings.append("c_proj.weight was not copied")
     elif not _same(P, o.weight.detach().t()):
         if _same(P, o.weight.detach()):
-            findings.append("c_proj.weight is not transposed: Conv1D stores (in, out), so copy "
-                            "out_proj.weight.t(); the square shape hides the mistake")
+            findings.append(f"c_proj.weight has the right shape ({d}, {d}) but other values: "
+                            "theirs.c_proj(h) differs from ours.out_proj(h) for the same h")
         else:
             findings.append("c_proj.weight is not out_proj.weight.t()")
     if unchanged["c_proj.bias"]:
@@ -486,6 +582,19 @@ def _port_findings(ours: MultiHeadAttention, theirs: Any, before: dict[str, torc
     elif not _same(pb, o.bias.detach()):
         findings.append("c_proj.bias is not out_proj.bias")
     return findings
+
+
+@torch.no_grad()
+def port_attention_reference(ours: MultiHeadAttention, theirs: Any) -> None:
+    """course_lib's port of one attention layer into a ``GPT2Attention`` (what
+    ``load_into_hf_gpt2`` does for every layer); the lesson uses it until the learner's passes."""
+    d = ours.d_model
+    W = torch.cat([ours.q_proj.weight, ours.k_proj.weight, ours.v_proj.weight], dim=0)  # (3d, d)
+    theirs.c_attn.weight.copy_(W.t())  # Conv1D: (in, out) = (d, 3d)
+    theirs.c_attn.bias.copy_(torch.cat([ours.q_proj.bias, ours.k_proj.bias, ours.v_proj.bias]))
+    theirs.c_proj.weight.copy_(ours.out_proj.weight.t())  # (d, d)
+    theirs.c_proj.bias.copy_(ours.out_proj.bias)
+    assert theirs.c_attn.weight.shape == (d, 3 * d)
 
 
 @checker
@@ -513,9 +622,8 @@ def _check_attention_port(fn: Callable[..., Any]) -> None:
             try:
                 run_learner(
                     fn, ours, theirs, case=case,
-                    hint="theirs.c_attn.weight is (d, 3d) and theirs.c_proj.weight (d, d), "
-                         "Conv1D's (in, out); ours.q_proj.weight etc. are nn.Linear's (out, in). "
-                         "Copy inside torch.no_grad().",
+                    hint="theirs.c_attn.weight is (d, 3d) and theirs.c_proj.weight (d, d); "
+                         "copy into them in place, inside torch.no_grad().",
                 )
             except CheckFailure as failure:  # raised below, unless a course_lib port explains it
                 crash = failure
@@ -543,7 +651,11 @@ def _check_attention_port(fn: Callable[..., Any]) -> None:
                 )
         findings = _port_findings(ours, theirs, before)
         if findings:
-            raise CheckFailure(f"Likely mistake ({case}): " + "; ".join(findings) + ".")
+            raise CheckFailure(
+                f"The port runs, but the copied tensors are wrong ({case}): " + "; ".join(findings)
+                + ". Compare what each layer computes from its weight: Hugging Face's Conv1D "
+                "(print(inspect.getsource(type(theirs.c_attn).forward))) and nn.Linear."
+            )
         x = torch.randn(B, T, d, generator=torch.Generator().manual_seed(seed))
         mask = causal_mask(T)  # (T, T)
         additive = torch.zeros(T, T).masked_fill(~mask, float("-inf"))[None, None]  # HF's form
@@ -559,3 +671,569 @@ def _check_attention_port(fn: Callable[..., Any]) -> None:
             )
     print(f"check_attention_port: right, GPT2Attention gives course_lib's attention output on all "
           f"{len(cases)} cases (every Conv1D matrix transposed, q, k, v in order).")
+
+
+# ----------------------------------------------------------------------------------------------
+# shared by the new exercises: a time limit, a tiny random GPT
+# ----------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _one_thread() -> Iterator[None]:
+    """Run a checker's tiny models on one thread (faster than two on a busy machine); restore."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@contextlib.contextmanager
+def _time_limit(seconds: float, what: str) -> Iterator[None]:
+    """Stop the learner's code after ``seconds`` with a ``CheckFailure`` (POSIX, main thread; a
+    no-op elsewhere), so that a loop that never ends cannot hang the checker."""
+    usable = hasattr(signal, "SIGALRM") and threading.current_thread() is threading.main_thread()
+    if not usable:
+        yield
+        return
+
+    def stop(signum: int, frame: Any) -> None:  # noqa: ARG001 (signal handler signature)
+        raise CheckFailure(f"Your code ran for more than {seconds:g} s ({what}) and was stopped: "
+                           "does your loop end? It should run exactly as many steps as asked.")
+
+    previous = signal.signal(signal.SIGALRM, stop)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _random_gpt(config: GPTConfig, seed: int, std: float = 0.3) -> GPT:
+    """A GPT with random weights far from its init, in eval mode: confident, varied predictions,
+    so that each mistake changes the numbers."""
+    torch.manual_seed(seed)
+    model = GPT(config)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name and name.endswith("weight"):
+                param.uniform_(0.5, 1.5)
+            else:
+                param.normal_(0.0, std)
+    return model.eval()
+
+
+def _close64(got: torch.Tensor, expected: torch.Tensor, atol: float, rtol: float = 1e-4) -> bool:
+    """allclose in float64 (the learner may compute in float32 or float64)."""
+    return got.shape == expected.shape and torch.allclose(
+        got.detach().to(torch.float64), expected.detach().to(torch.float64), atol=atol, rtol=rtol)
+
+
+# ----------------------------------------------------------------------------------------------
+# check_lm_loss (build, ★): shifted targets, the loss over every position
+# ----------------------------------------------------------------------------------------------
+
+_LOSS_CONFIG = dict(vocab_size=37, max_len=16, d_model=24, num_heads=3, num_layers=1, d_ff=40)
+
+
+def _loss_variants(model: GPT, window: torch.Tensor) -> list[tuple[str, Callable[[], torch.Tensor]]]:
+    """(message, value) of the plausible wrong losses for ``window (B, T+1)``."""
+    x, y = window[:, :-1], window[:, 1:]  # (B, T) inputs, (B, T) targets: the next characters
+    V = model.config.vocab_size
+    logits = model(x)  # (B, T, V)
+    flat, targets = logits.reshape(-1, V), y.reshape(-1)  # (B*T, V), (B*T,)
+    B = window.size(0)
+    return [
+        ("the targets are not shifted: position t is scored against the character it already "
+         "reads. The inputs are window[:, :-1] and the targets window[:, 1:], one place later",
+         lambda: F.cross_entropy(flat, x.reshape(-1))),
+        ("the targets are not shifted: the whole window goes in and is scored against itself, so "
+         "position t sees the character it must predict. Read window[:, :-1], score against "
+         "window[:, 1:]", lambda: F.cross_entropy(model(window).reshape(-1, V), window.reshape(-1))),
+        ("the shift goes the wrong way: the model reads window[:, 1:] and is scored on "
+         "window[:, :-1], the PREVIOUS character. Read window[:, :-1], score against window[:, 1:]",
+         lambda: F.cross_entropy(model(y).reshape(-1, V), x.reshape(-1))),
+        ("the loss is summed over each window's positions, then averaged over windows: that is a "
+         "loss per sequence (T times the loss per token). Average over all B*T positions",
+         lambda: F.cross_entropy(flat, targets, reduction="sum") / B),
+        ("the loss is summed, not averaged: use the mean over all B*T positions (F.cross_entropy's "
+         "default reduction)", lambda: F.cross_entropy(flat, targets, reduction="sum")),
+        ("only the last position is scored: every position of the window predicts its next "
+         "character, so score logits (B, T, V) against targets (B, T) at all T positions",
+         lambda: F.cross_entropy(logits[:, -1], y[:, -1])),
+        ("softmax is applied before the cross-entropy: F.cross_entropy takes logits and applies "
+         "log-softmax itself", lambda: F.cross_entropy(flat.softmax(-1), targets)),
+        ("F.nll_loss is given the logits: it expects log-probabilities, so apply log_softmax first "
+         "(or use F.cross_entropy on the logits)", lambda: F.nll_loss(flat, targets)),
+        ("the loss is in bits (divided by ln 2, or log2): cross-entropy in nats, the natural log",
+         lambda: F.cross_entropy(flat, targets) / math.log(2)),
+        ("logits and targets are flattened in different orders (one transposed to (T, B, ...) "
+         "first): reshape logits (B, T, V) -> (B*T, V) and targets (B, T) -> (B*T,) the same way",
+         lambda: F.cross_entropy(logits.transpose(0, 1).reshape(-1, V), targets)),
+    ]
+
+
+@checker
+def check_lm_loss(fn: Callable[..., Any]) -> None:
+    """Check ``fn(model, window (B, T+1)) -> scalar``: the mean next-token cross-entropy over every
+    position, ``lm_loss(model(window[:, :-1]), window[:, 1:])``. The global random state is left as
+    it was."""
+    with torch.random.fork_rng(devices=[]), _one_thread():
+        _check_lm_loss(fn)
+
+
+def _check_lm_loss(fn: Callable[..., Any]) -> None:
+    if is_course_lib(fn):
+        raise CheckFailure("You handed in one of course_lib's own functions: write the loss yourself.")
+    config = GPTConfig(**_LOSS_CONFIG)
+    cases = [("B=3 windows of T+1=12 ids", 3, 12, 0), ("B=2 windows of T+1=17 ids (T = max_len)", 2, 17, 1),
+             ("B=1 window of T+1=6 ids", 1, 6, 2)]
+    for case, B, T1, seed in cases:
+        model = _random_gpt(config, seed, std=0.2)
+        window = torch.randint(0, config.vocab_size, (B, T1), generator=torch.Generator().manual_seed(seed))
+        try:
+            got = fn(model, window.clone())
+        except (NotImplementedError, CheckFailure):
+            raise
+        except Exception as err:
+            raise CheckFailure(_loss_error(err, case, B, T1 - 1, config)) from err
+        if isinstance(got, numbers.Real) and not isinstance(got, bool):
+            raise CheckFailure(
+                f"You return a Python number ({case}): return the loss as a tensor, as "
+                "F.cross_entropy gives it. A training step calls loss.backward(), which needs the "
+                "tensor (.item() cuts it off from the gradients)."
+            )
+        if not isinstance(got, torch.Tensor) or got.numel() != 1:
+            shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
+            raise CheckFailure(
+                f"Return one number as a 0-dim tensor, the mean loss ({case}); got {shape}. If it "
+                "is one loss per position, average them (over all B*T positions)."
+            )
+        if not got.requires_grad:
+            raise CheckFailure(
+                f"Your loss carries no gradient ({case}): it was computed under torch.no_grad(), "
+                "detached, or rebuilt from .item(). Training calls loss.backward() on it."
+            )
+        with torch.no_grad():
+            expected = lm_loss(model(window[:, :-1]), window[:, 1:])
+            got = got.detach().reshape(())
+            if _close64(got, expected, atol=1e-5):
+                continue
+            for message, wrong in _loss_variants(model, window):
+                if _close64(got, wrong(), atol=1e-5):
+                    raise CheckFailure(f"Likely mistake ({case}): {message}.")
+        raise CheckFailure(
+            f"Your loss is {got.item():.5f}, expected {expected.item():.5f} ({case}). None of the "
+            "usual mistakes explains it: inputs window[:, :-1], targets window[:, 1:], logits "
+            "(B, T, V) -> (B*T, V), targets -> (B*T,), F.cross_entropy's mean."
+        )
+    passed("check_lm_loss", len(cases))
+
+
+def _loss_error(err: Exception, case: str, B: int, T: int, config: GPTConfig) -> str:
+    """A learner's exception in the loss exercise, with the likely cause when it is known."""
+    text = str(err)
+    where = f"({case}; {type(err).__name__}: {err})"
+    if "positions but the model has" in text:
+        return (f"The model got the whole window of T+1 = {T + 1} ids, one more than max_len "
+                f"{config.max_len} {where}. The last id has no next character to predict: feed "
+                "window[:, :-1] and score it against window[:, 1:].")
+    if "Expected target size" in text or ("target" in text.lower() and "size" in text.lower()):
+        return ("The logits are not reshaped: F.cross_entropy reads a 3-D input as (B, V, T), "
+                "classes on axis 1. Flatten logits (B, T, V) -> (B*T, V) and targets -> (B*T,) "
+                f"(or pass logits.transpose(1, 2)) {where}.")
+    if "must match the size" in text or "shape" in text.lower():
+        return (f"Shapes do not fit {where}: logits are (B, T, V) = ({B}, {T}, {config.vocab_size}) "
+                f"and the targets (B, T) = ({B}, {T}); flatten both the same way.")
+    return f"Your code raised {type(err).__name__} ({case}): {err}."
+
+
+# ----------------------------------------------------------------------------------------------
+# check_generate (build, ★★): the sampling loop, checked against GPT.generate
+# ----------------------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def _generate_variant(model: GPT, ids: torch.Tensor, n: int, temperature: float, top_k: int | None,
+                      generator: torch.Generator, crop: str = "last", temp: str = "divide",
+                      topk: str = "keep_k", where: int = -1, sample: str = "multinomial") -> torch.Tensor:
+    """The sampling loop, with one knob per plausible mistake; the defaults give
+    ``model.generate(ids, n, temperature, top_k, generator=generator, use_cache=False)``."""
+    out = ids
+    L = model.config.max_len
+    for _ in range(n):
+        context = out[:, -L:] if crop == "last" else out[:, :L]  # (B, <= L)
+        logits = model(context)[:, where]  # (B, V)
+        if temp == "divide":
+            logits = logits / temperature
+        elif temp == "multiply":
+            logits = logits * temperature
+        if top_k is not None and topk != "ignored":
+            k = {"keep_k": top_k, "k_plus_1": top_k + 1, "k_minus_1": max(top_k - 1, 1)}.get(topk, top_k)
+            k = min(k, logits.size(-1))
+            kth = logits.sort(dim=-1, descending=True, stable=True).values[:, k - 1 : k]  # (B, 1)
+            fill = 0.0 if topk == "zero" else float("-inf")
+            logits = logits.masked_fill(logits < kth, fill)
+        if sample == "greedy":
+            next_id = logits.argmax(-1, keepdim=True)
+        else:
+            next_id = torch.multinomial(logits.softmax(-1), 1, generator=generator)  # (B, 1)
+        out = torch.cat([out, next_id], dim=1)
+    return out
+
+
+_GENERATE_MISTAKES: list[tuple[dict[str, Any], str]] = [
+    ({"crop": "first"}, "the context is cropped to the FIRST max_len tokens (out[:, :max_len]); "
+     "the model must read the LAST max_len tokens, the ones just before the next token"),
+    ({"where": 0}, "the next token is drawn from the logits of the first position ([:, 0]); the "
+     "prediction for the next token is at the LAST position, [:, -1]"),
+    ({"temp": "multiply"}, "the logits are multiplied by the temperature; divide them: T < 1 "
+     "sharpens, T > 1 flattens"),
+    ({"temp": "ignored"}, "the temperature changes nothing in your draws: divide the LOGITS by it "
+     "before softmax (dividing the probabilities does nothing, multinomial renormalises them)"),
+    ({"topk": "ignored"}, "top_k is ignored: keep the top_k largest logits and set the others to "
+     "-inf before softmax"),
+    ({"topk": "k_plus_1"}, "top-k keeps top_k + 1 tokens (an off-by-one at the k-th value)"),
+    ({"topk": "k_minus_1"}, "top-k keeps top_k - 1 tokens: keep every logit >= the k-th largest "
+     "(torch.topk(logits, k).values[:, -1:]); '>' drops the k-th itself"),
+    ({"topk": "zero"}, "the logits outside the top k are set to 0, not -inf: softmax still gives "
+     "them probability. Fill them with float('-inf')"),
+    ({"sample": "greedy"}, "you take the argmax: this exercise samples, torch.multinomial(probs, 1, "
+     "generator=generator)"),
+]
+
+
+@checker
+def check_generate(fn: Callable[..., Any]) -> None:
+    """Check ``fn(model, ids (B, T), max_new_tokens, temperature=1.0, top_k=None, generator=None)
+    -> (B, T + max_new_tokens)``: the same tokens as ``GPT.generate`` with the same seed. The global
+    random state is left as it was."""
+    with torch.random.fork_rng(devices=[]), _one_thread():
+        _check_generate(fn)
+
+
+def _check_generate(fn: Callable[..., Any]) -> None:
+    if is_course_lib(fn):
+        raise CheckFailure("You handed in one of course_lib's own functions: write the loop yourself.")
+    config = GPTConfig(vocab_size=37, max_len=12, d_model=16, num_heads=2, num_layers=1, d_ff=24)
+    # (case, B, prompt length, new tokens, temperature, top_k, seed): past max_len in every case
+    cases = [
+        ("B=1, prompt of 5, 20 new, temperature 1.0", 1, 5, 20, 1.0, None, 0),
+        ("B=2, prompt of 3, 16 new, temperature 0.6, top_k=5", 2, 3, 16, 0.6, 5, 1),
+        ("B=1, prompt of 12 (= max_len), 8 new, temperature 1.7, top_k=3", 1, 12, 8, 1.7, 3, 2),
+        ("B=2, prompt of 4, 0 new", 2, 4, 0, 1.0, None, 3),
+    ]
+    for case, B, T, n, temperature, top_k, seed in cases:
+        model = _random_gpt(config, seed, std=0.5)
+        ids = torch.randint(0, config.vocab_size, (B, T), generator=torch.Generator().manual_seed(seed))
+        got = _run_generate(fn, model, ids, n, temperature, top_k, 100 + seed, case)
+        expected = model.generate(ids, n, temperature, top_k,
+                                  generator=torch.Generator().manual_seed(100 + seed), use_cache=False)
+        _expect_tokens(got, ids, n, case)
+        if torch.equal(got, expected):
+            continue
+        shared = torch.Generator().manual_seed(100 + seed)  # one sequence at a time, one generator
+        rows = [model.generate(ids[b : b + 1], n, temperature, top_k, generator=shared, use_cache=False)
+                for b in range(B)]
+        if torch.equal(got, torch.cat(rows)):
+            continue
+        if not torch.equal(got[:, :T], ids):
+            raise CheckFailure(f"The first {T} tokens of your output are not the prompt ({case}): "
+                               "return the prompt followed by the new tokens, torch.cat along dim 1.")
+        for knobs, message in _GENERATE_MISTAKES:
+            if knobs.get("topk") and top_k is None:
+                continue
+            wrong = _generate_variant(model, ids, n, temperature, top_k,
+                                      torch.Generator().manual_seed(100 + seed), **knobs)
+            if torch.equal(got, wrong):
+                raise CheckFailure(f"Likely mistake ({case}): {message}.")
+        again = _run_generate(fn, model, ids, n, temperature, top_k, 100 + seed, case, global_seed=7)
+        if not torch.equal(again, got):
+            raise CheckFailure(
+                f"Your draws do not come from `generator` ({case}): the same generator seed gave "
+                "other tokens after a different torch.manual_seed. Pass it on: "
+                "torch.multinomial(probs, 1, generator=generator)."
+            )
+        first = next(i for i in range(T, T + n) if not torch.equal(got[:, i], expected[:, i]))
+        raise CheckFailure(
+            f"Your tokens differ from GPT.generate's from new token {first - T} on ({case}), and "
+            "none of the usual mistakes explains it. Each step: logits of the last position of the "
+            "last max_len tokens, divided by temperature, top-k (others -inf), softmax, one "
+            "torch.multinomial draw with `generator`, appended; exactly max_new_tokens steps."
+        )
+    passed("check_generate", len(cases))
+
+
+def _run_generate(fn: Callable[..., Any], model: GPT, ids: torch.Tensor, n: int, temperature: float,
+                  top_k: int | None, seed: int, case: str, global_seed: int = 0) -> Any:
+    """The learner's loop, with a step limit (forward passes), a time limit, and named errors."""
+    calls = {"n": 0}
+    limit = 3 * (n + ids.size(1)) + 10
+
+    def count(module: Any, inputs: Any) -> None:  # noqa: ARG001
+        calls["n"] += 1
+        if calls["n"] > limit:
+            raise CheckFailure(
+                f"Your loop ran more than {limit} forward passes for {n} new tokens ({case}) and "
+                "was stopped: it should run exactly max_new_tokens steps."
+            )
+
+    handle = model.register_forward_pre_hook(count)
+    torch.manual_seed(global_seed)
+    try:
+        with calls_to([GPT.generate]) as seen, _time_limit(60.0, case):
+            got = fn(model, ids.clone(), n, temperature=temperature, top_k=top_k,
+                     generator=torch.Generator().manual_seed(seed))
+    except (NotImplementedError, CheckFailure):
+        raise
+    except Exception as err:
+        raise CheckFailure(_generate_error(err, case, model.config.max_len)) from err
+    finally:
+        handle.remove()
+    if seen:
+        raise CheckFailure("Your function calls model.generate, the reference it is checked "
+                           "against: write the loop yourself (model(...) gives the logits).")
+    return got
+
+
+def _generate_error(err: Exception, case: str, max_len: int) -> str:
+    text = str(err)
+    where = f"({case}; {type(err).__name__}: {err})"
+    if "positions but the model has" in text:
+        return (f"The text grew past max_len = {max_len} and went to the model whole {where}: "
+                f"learned positions stop at max_len, so feed only the last max_len tokens, "
+                f"out[:, -max_len:], at every step.")
+    if "probability tensor" in text or "invalid multinomial distribution" in text:
+        return (f"torch.multinomial was given something that is not a probability distribution "
+                f"{where}: apply softmax to the (divided, filtered) logits first.")
+    if "unexpected keyword" in text or "positional argument" in text:
+        return (f"Your function's arguments differ from the exercise's {where}: "
+                "my_generate(model, ids, max_new_tokens, temperature=1.0, top_k=None, generator=None).")
+    return f"Your code raised {type(err).__name__} ({case}): {err}."
+
+
+def _expect_tokens(got: Any, ids: torch.Tensor, n: int, case: str) -> None:
+    B, T = ids.shape
+    if not isinstance(got, torch.Tensor):
+        raise CheckFailure(f"Return a tensor of token ids (B, T + max_new_tokens), got "
+                           f"{type(got).__name__} ({case}).")
+    if got.dim() == 2 and got.size(0) == B and got.size(1) == n and n != T + n:
+        raise CheckFailure(f"You return only the {n} new tokens ({case}): return the prompt "
+                           f"followed by them, (B, T + max_new_tokens) = {(B, T + n)}.")
+    if got.dim() == 2 and got.size(0) == B and got.size(1) != T + n:
+        extra = got.size(1) - (T + n)
+        raise CheckFailure(
+            f"Your output has {got.size(1)} tokens, expected T + max_new_tokens = {T + n} ({case}): "
+            f"{abs(extra)} too {'many' if extra > 0 else 'few'}; the loop runs max_new_tokens times."
+        )
+    expect_shape(got, (B, T + n), f"the generated ids ({case})", "(B, T + max_new_tokens).")
+    if got.dtype != torch.long:
+        raise CheckFailure(f"The ids have dtype {got.dtype}, expected torch.long ({case}).")
+
+
+# ----------------------------------------------------------------------------------------------
+# check_lm_train (build, ★★★): AdamW groups, warm-up + cosine, clipping
+# ----------------------------------------------------------------------------------------------
+
+
+def _lr_factor(step: int, recipe: LMRecipe, schedule: str) -> float:
+    """The learning-rate multiplier at ``step`` (0-based), right or with one named mistake."""
+    w, n, low = recipe.warmup, recipe.num_steps, recipe.min_lr / recipe.lr
+    if schedule == "ahead":  # the scheduler stepped before the optimizer: always one step ahead
+        step, schedule = step + 1, "course"
+    if schedule == "constant":
+        return 1.0
+    if schedule == "no_warmup_branch":  # the warm-up branch left out, the same progress formula
+        progress = min(1.0, (step - w) / (n - w))
+        return low + 0.5 * (1.0 + math.cos(math.pi * progress)) * (1.0 - low)
+    if step < w and schedule not in ("no_warmup",):
+        if schedule == "warmup_s_over_w":
+            return step / w
+        if schedule == "warmup_s1_over_w":
+            return (step + 1) / w
+        return (step + 1) / (w + 1)
+    if schedule == "warmup_only":
+        return 1.0
+    progress = min(1.0, (step - w) / (n - w)) if schedule != "no_warmup" else min(1.0, step / n)
+    if schedule == "progress_n1":
+        progress = min(1.0, (step - w) / (n - 1 - w))
+    if schedule == "to_zero":
+        low = 0.0
+    if schedule == "linear":
+        return low + (1.0 - progress) * (1.0 - low)
+    return low + 0.5 * (1.0 + math.cos(math.pi * progress)) * (1.0 - low)
+
+
+def _train_variant(model: GPT, batches: list[tuple[torch.Tensor, torch.Tensor]], recipe: LMRecipe,
+                   decay: str = "matrices", schedule: str = "course", clip: bool = True,
+                   zero_grad: bool = True, optimizer: str = "adamw") -> list[float]:
+    """The training loop with one knob per plausible mistake; the defaults are lm_training's
+    recipe: AdamW(groups), warm-up + cosine per step, clip_grad_norm_, in train()'s order."""
+    params = list(model.parameters())
+    wd = recipe.weight_decay
+    if decay == "matrices":
+        groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": wd},
+                  {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    elif decay == "tied_twice":  # every Linear and Embedding weight: the tied matrix twice
+        matrices = [m.weight for m in model.modules() if isinstance(m, (torch.nn.Linear, torch.nn.Embedding))]
+        groups = [{"params": matrices, "weight_decay": wd},
+                  {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    elif decay == "vectors":
+        groups = [{"params": [p for p in params if p.dim() < 2], "weight_decay": wd},
+                  {"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.0}]
+    else:
+        groups = [{"params": params, "weight_decay": {"all": wd, "none": 0.0, "default": 0.01}[decay]}]
+    if optimizer == "adam":  # L2 in the gradient, not decoupled decay
+        opt: torch.optim.Optimizer = torch.optim.Adam(groups, lr=recipe.lr, betas=recipe.betas)
+    else:
+        opt = torch.optim.AdamW(groups, lr=recipe.lr, betas=recipe.betas)
+    losses = []
+    model.train()
+    for step, (x, y) in enumerate(batches):
+        for group in opt.param_groups:
+            group["lr"] = recipe.lr * _lr_factor(step, recipe, schedule)
+        loss = lm_loss(model(x), y)
+        if zero_grad:
+            opt.zero_grad()
+        loss.backward()
+        if clip and recipe.max_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(params, recipe.max_grad_norm)
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+_TRAIN_MISTAKES: list[tuple[dict[str, Any], str]] = [
+    ({"decay": "all"}, "weight decay is applied to every parameter, biases and LayerNorm gains "
+     "included: put the matrices (p.dim() >= 2) in a group with weight_decay, the vectors in a "
+     "group with weight_decay=0.0"),
+    ({"decay": "default"}, "AdamW(model.parameters(), ...) decays everything with its default "
+     "weight_decay=0.01: build two parameter groups with the recipe's weight_decay"),
+    ({"decay": "none"}, "there is no weight decay at all: the matrices (p.dim() >= 2) get "
+     "recipe.weight_decay"),
+    ({"decay": "vectors"}, "the groups are swapped: decay belongs on the matrices (dim >= 2), "
+     "not on biases and LayerNorm gains"),
+    ({"decay": "tied_twice"}, "the tied matrix is in your parameter list twice (as lm_head.weight and "
+     "as the token table), so it is updated twice per step: build the groups from "
+     "model.parameters(), which lists it once, sorted by p.dim()"),
+    ({"optimizer": "adam"}, "Adam with weight_decay adds L2 to the gradient; AdamW decays the "
+     "weights directly (decoupled), which is what the recipe uses"),
+    ({"schedule": "warmup_s_over_w"}, "the warm-up is off by one: step / warmup gives a rate of 0 at "
+     "step 0. The multiplier at step s (0-based) is (s + 1) / (warmup + 1)"),
+    ({"schedule": "warmup_s1_over_w"}, "the warm-up is off by one: (s + 1) / warmup reaches the "
+     "peak one step early. The multiplier at step s (0-based) is (s + 1) / (warmup + 1)"),
+    ({"schedule": "ahead"}, "the schedule runs one step ahead (scheduler.step() before "
+     "optimizer.step(), or the rate of step s + 1 used at step s): step s uses lr * factor(s)"),
+    ({"schedule": "no_warmup"}, "there is no warm-up: the first recipe.warmup steps rise linearly "
+     "to the peak rate"),
+    ({"schedule": "no_warmup_branch"}, "there is no warm-up: the first recipe.warmup steps rise "
+     "linearly to the peak rate, (s + 1) / (warmup + 1)"),
+    ({"schedule": "constant"}, "the learning rate never changes: set it every step, "
+     "group['lr'] = recipe.lr * factor(step), for every parameter group"),
+    ({"schedule": "warmup_only"}, "the rate stays at its peak after the warm-up: it should follow "
+     "a cosine down to recipe.min_lr at the last step"),
+    ({"schedule": "to_zero"}, "the cosine goes down to 0; it ends at recipe.min_lr (a ratio of "
+     "min_lr / lr)"),
+    ({"schedule": "progress_n1"}, "the cosine's progress is off by one: (s - warmup) / (num_steps "
+     "- warmup), so the last step is still above min_lr"),
+    ({"schedule": "linear"}, "the rate falls linearly after the warm-up; the recipe uses a cosine"),
+    ({"clip": False}, "the gradients are not clipped (or clipped after optimizer.step(), where it "
+     "changes nothing): torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.max_grad_norm) "
+     "between backward() and step()"),
+    ({"zero_grad": False}, "the gradients are never zeroed, so they add up from step to step: "
+     "optimizer.zero_grad() before loss.backward()"),
+]
+
+
+def _train_case(seed: int) -> tuple[GPT, list[tuple[torch.Tensor, torch.Tensor]], LMRecipe]:
+    """A tiny GPT, 12 fixed batches and a recipe under which every mistake changes the weights:
+    a high peak rate, strong decay, a clipping norm below every gradient's norm."""
+    config = GPTConfig(vocab_size=37, max_len=12, d_model=16, num_heads=2, num_layers=1, d_ff=24)
+    model = _random_gpt(config, seed, std=0.2).train()
+    gen = torch.Generator().manual_seed(seed)
+    batches = []
+    for _ in range(12):
+        window = torch.randint(0, config.vocab_size, (4, 13), generator=gen)  # (B, T+1)
+        batches.append((window[:, :-1], window[:, 1:]))  # (B, T) inputs, (B, T) next ids
+    recipe = LMRecipe(num_layers=1, num_heads=2, d_model=16, block_size=12, batch_size=4, num_steps=12,
+                      lr=0.03, min_lr=0.003, warmup=4, betas=(0.9, 0.95), weight_decay=0.5,
+                      max_grad_norm=0.05)
+    return model, batches, recipe
+
+
+@checker
+def check_lm_train(fn: Callable[..., Any]) -> None:
+    """Check ``fn(model, batches, recipe) -> list of per-step losses``: the weights after
+    ``recipe.num_steps`` steps equal those of course_lib's recipe (AdamW, decay on matrices only,
+    warm-up + cosine, clipping). The global random state is left as it was."""
+    with torch.random.fork_rng(devices=[]), _one_thread():
+        _check_lm_train(fn)
+
+
+def _check_lm_train(fn: Callable[..., Any]) -> None:
+    if is_course_lib(fn):
+        raise CheckFailure("You handed in one of course_lib's own functions: write the loop yourself.")
+    cases = [("12 steps, warm-up 4, a 1-layer GPT", 0), ("the same recipe, other weights and batches", 1)]
+    for case, seed in cases:
+        model, batches, recipe = _train_case(seed)
+        start = copy.deepcopy(model.state_dict())
+        try:
+            with _time_limit(120.0, case):
+                got = fn(model, batches, recipe)
+        except (NotImplementedError, CheckFailure):
+            raise
+        except Exception as err:
+            text = str(err)
+            if "more than one parameter group" in text:
+                raise CheckFailure(
+                    f"A parameter sits in two groups ({case}; {type(err).__name__}: {err}). The "
+                    "output layer is TIED to the token table (one matrix): loop over "
+                    "model.parameters(), which lists it once, and sort by p.dim()."
+                ) from err
+            raise CheckFailure(f"Your code raised {type(err).__name__} ({case}): {err}.") from err
+        expected_model = _train_case(seed)[0]
+        expected = _train_variant(expected_model, batches, recipe)
+        if isinstance(got, torch.Tensor):
+            got = got.tolist()
+        try:
+            got_losses = [float(v) for v in got]
+        except (TypeError, ValueError) as err:
+            raise CheckFailure(f"Return the list of the {recipe.num_steps} training losses, one per "
+                               f"step (loss.item()), got {type(got).__name__} ({case}).") from err
+        if len(got_losses) != recipe.num_steps:
+            raise CheckFailure(f"You return {len(got_losses)} losses for {recipe.num_steps} batches "
+                               f"({case}): one training step per batch, one loss per step.")
+        if all(torch.equal(p, start[n]) for n, p in model.state_dict().items()):
+            raise CheckFailure(f"The model's weights did not change ({case}): the optimizer must "
+                               "update model.parameters() (optimizer.step() after backward()).")
+        if _same_weights(model, expected_model):
+            if not all(math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-5) for a, b in zip(got_losses, expected)):
+                raise CheckFailure(f"The weights are right, but the losses you return are not the "
+                                   f"per-step training losses ({case}): append loss.item() each step.")
+            continue
+        for knobs, message in _TRAIN_MISTAKES:
+            variant_model = _train_case(seed)[0]
+            _train_variant(variant_model, batches, recipe, **knobs)
+            if _same_weights(model, variant_model):
+                raise CheckFailure(f"Likely mistake ({case}): {message}.")
+        diff = max((p.detach().double() - q.detach().double()).abs().max().item() for p, q in
+                   zip(model.parameters(), expected_model.parameters()))
+        raise CheckFailure(
+            f"After {recipe.num_steps} steps your weights differ from the recipe's by up to "
+            f"{diff:.3g} ({case}), and none of the usual mistakes explains it. Each step: set every "
+            "group's lr to recipe.lr * factor(step), loss = lm_loss(model(x), y), zero_grad, "
+            "backward, clip_grad_norm_, step."
+        )
+    passed("check_lm_train", len(cases))
+
+
+def _same_weights(a: GPT, b: GPT) -> bool:
+    """Equal up to float rounding, as Adam amplifies it: Adam's first steps move each weight by
+    about lr * sign(gradient), so a gradient near 0 whose rounding differs (another loss formula,
+    a fused kernel) moves a few weights differently. Equal means: mean |difference| <= 2e-4 and
+    fewer than 2% of the weights apart by more than 1e-4 (every named mistake moves > 90% of them)."""
+    diff = torch.cat([(p.detach().double() - q.detach().double()).abs().flatten()
+                      for p, q in zip(a.parameters(), b.parameters())])
+    return diff.mean().item() <= 2e-4 and (diff > 1e-4).double().mean().item() < 0.02

@@ -1,7 +1,8 @@
 """What each change of the Llama-style block buys, measured (lesson 11).
 
 Lesson 09's Shakespeare setup (``ShakespeareCorpus()``, the ``COURSE`` recipe of ``lm_training``,
-the same steps, batches and seeds for every row); each row adds ONE change to the row above:
+the same steps, batches and seeds for every row). The rows are CUMULATIVE: each adds one change to
+the row above (not to GPT-2's block), so what a change buys is its row minus the row above:
 
     GPT-2's block -> + RMSNorm -> + RoPE -> + SwiGLU -> + GQA (4 heads, 2 KV heads) -> - biases
 

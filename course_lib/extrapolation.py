@@ -16,7 +16,17 @@ position.
 Every model is lesson 09's GPT-2 block (pre-LN LayerNorm, GELU, biases, tied embeddings) with the
 same sizes, seed, batches and recipe; only ``GPTConfig.positional`` changes: ``"learned"``,
 ``"sinusoidal"``, ``"rope"`` or ``"none"`` (no position information at all: the causal mask is the
-only clue to order). ``max_len`` is 83 (= 2 * 40 + 3) for every model, so that length 40 fits; a
+only clue to order).
+
+Like with like: the vectors added to the tokens start at one scale. GPT-2 draws token vectors and
+learned positions from N(0, 0.02^2), so each has a root mean square (RMS) of about 0.02; a row of
+the sinusoidal table has an RMS of 1 / sqrt(2) = 0.71, about 35 times more, which drowns the
+tokens (trained so, the copy model copied at most 10% at length 1). ``train_copy_model``
+scales the sinusoidal table by ``SINUSOID_RMS * sqrt(2)``: every position's vector then has an RMS of exactly
+``SINUSOID_RMS = 0.02``, the init scale of the learned table it is compared with
+(``sinusoid_rms=None`` keeps lesson 03's unscaled table). The table stays fixed, as in lesson 03.
+
+``max_len`` is 83 (= 2 * 40 + 3) for every model, so that length 40 fits; a
 learned table's rows past position 41 are never trained.
 
 Exact match at each length: greedy ``generate`` (with the KV cache) from the prompt, batched per
@@ -30,6 +40,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import time
 from pathlib import Path
 
@@ -42,7 +53,8 @@ from .lm_training import lm_optimizer, warmup_cosine
 from .tasks import VariableLengthTask
 from .training import train
 
-__all__ = ["IGNORE", "TRAIN_MAX_LEN", "TEST_MAX_LEN", "COPY_MAX_LEN", "copy_task", "make_copy_batch",
+__all__ = ["IGNORE", "SINUSOID_RMS", "scale_sinusoids", "TRAIN_MAX_LEN", "TEST_MAX_LEN",
+           "COPY_MAX_LEN", "copy_task", "make_copy_batch",
            "copy_prompt", "copy_config", "train_copy_model", "exact_match_by_length",
            "length_generalisation", "save_length_generalisation", "load_length_generalisation",
            "RESULTS_PATH"]
@@ -51,6 +63,7 @@ IGNORE = -100  # F.cross_entropy's default ignore_index: no loss at this positio
 TRAIN_MAX_LEN = 20  # training lengths 1..20
 TEST_MAX_LEN = 40  # test lengths 1..40
 COPY_MAX_LEN = 2 * TEST_MAX_LEN + 3  # <sos> src <eos> src <eos> at length 40: 83 positions
+SINUSOID_RMS = 0.02  # the RMS of a vector from GPT-2's init N(0, 0.02^2): tokens, learned positions
 
 
 def copy_task(seed: int = 1234, num_heldout: int = 2720) -> VariableLengthTask:
@@ -111,6 +124,28 @@ def copy_config(positional: str, vocab_size: int = 13, max_len: int = COPY_MAX_L
                      d_ff=128, dropout=0.0, positional=positional, fused_attention=True)
 
 
+@torch.no_grad()
+def scale_sinusoids(model: GPT, rms: float = SINUSOID_RMS) -> GPT:
+    """Scale the fixed sinusoidal table of ``model`` (``positional="sinusoidal"``) so that every
+    position's vector ``(d_model,)`` has root mean square ``rms``; returns the model.
+
+    A row of sines and cosines has ``d_model / 2`` pairs with ``sin^2 + cos^2 = 1``: its RMS is
+    ``1 / sqrt(2)`` at every position (even ``d_model``), so the table is multiplied by
+    ``rms * sqrt(2)``. The table is a non-persistent buffer: a ``state_dict`` does not keep the scale.
+    """
+    if model.config.positional != "sinusoidal":
+        raise ValueError(f"scale_sinusoids: the model's positions are {model.config.positional!r}, "
+                         "not 'sinusoidal'; only a sinusoidal table can be scaled")
+    if model.config.d_model % 2 != 0:
+        raise ValueError(f"scale_sinusoids: needs an even d_model (pairs of sine and cosine), got "
+                         f"{model.config.d_model}")
+    if isinstance(rms, bool) or not isinstance(rms, (int, float)) or not math.isfinite(rms) or rms <= 0:
+        raise ValueError(f"scale_sinusoids: rms must be a finite number > 0, got {rms!r}")
+    table = model.embed.position.pe  # (max_len, d_model)
+    table.mul_(rms / table.pow(2).mean(dim=-1, keepdim=True).sqrt())  # each row's RMS -> rms
+    return model
+
+
 def train_copy_model(
     positional: str,
     seed: int = 0,
@@ -120,8 +155,13 @@ def train_copy_model(
     lr: float = 3e-3,
     warmup: int = 50,
     progress: bool = False,
+    sinusoid_rms: float | None = SINUSOID_RMS,
 ) -> GPT:
     """Train ``GPT(copy_config(positional))`` to copy sequences of the task's lengths (1..20).
+
+    For ``"sinusoidal"``, the fixed table is first scaled to an RMS of ``sinusoid_rms`` per position
+    (``scale_sinusoids``; default 0.02, the init scale of the token vectors and of the learned
+    table; ``None``: lesson 03's unscaled table, RMS 0.71).
 
     AdamW (betas 0.9, 0.99, weight decay 0.1 on matrices), ``warmup`` steps, cosine decay to
     ``lr / 10``, gradients clipped at 1.0; ``batch_size`` fresh training sequences per step (none
@@ -133,6 +173,8 @@ def train_copy_model(
     task = copy_task() if task is None else task
     torch.manual_seed(seed)
     model = GPT(copy_config(positional, task.vocab_size))
+    if positional == "sinusoidal" and sinusoid_rms is not None:
+        scale_sinusoids(model, sinusoid_rms)
     optimizer = lm_optimizer(model, lr, (0.9, 0.99), 0.1)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: warmup_cosine(step, warmup, steps, 0.1))
@@ -200,16 +242,18 @@ def length_generalisation(
     per_length: int = 128,
     task: VariableLengthTask | None = None,
     progress: bool = True,
+    sinusoid_rms: float | None = SINUSOID_RMS,
 ) -> dict[str, dict[int, dict[int, float]]]:
     """Train one copy model per positional and seed, and measure exact match per length:
-    ``{positional: {seed: {length: fraction}}}``. ``progress`` prints one line per run."""
+    ``{positional: {seed: {length: fraction}}}``. ``progress`` prints one line per run;
+    ``sinusoid_rms``: see ``train_copy_model``."""
     task = copy_task() if task is None else task
     results: dict[str, dict[int, dict[int, float]]] = {}
     for positional in positionals:
         results[positional] = {}
         for seed in seeds:
             t0 = time.perf_counter()
-            model = train_copy_model(positional, seed, steps, task)
+            model = train_copy_model(positional, seed, steps, task, sinusoid_rms=sinusoid_rms)
             t1 = time.perf_counter()
             results[positional][seed] = exact_match_by_length(model, task, lengths, per_length, seed)
             if progress:
@@ -225,17 +269,24 @@ RESULTS_PATH = Path(__file__).parent / "results" / "length_generalisation.json"
 
 
 def save_length_generalisation(results: dict[str, dict[int, dict[int, float]]], steps: int,
-                               path: Path | str = RESULTS_PATH) -> Path:
-    """Write ``length_generalisation``'s results, with the torch version, the CPU capability, the
-    thread count, the date and the number of training steps, as JSON."""
+                               path: Path | str = RESULTS_PATH,
+                               sinusoid_rms: float | None = SINUSOID_RMS,
+                               runs: dict[str, dict] | None = None) -> Path:
+    """Write ``length_generalisation``'s results as JSON, with the number of training steps, the
+    sinusoidal table's RMS, and per positional (``"runs"``) the torch version, CPU capability,
+    thread count and date it was run with (``runs`` keeps the records of kinds run earlier;
+    kinds without one get this run's)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    now = {"torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+           "threads": torch.get_num_threads(), "date": datetime.date.today().isoformat()}
+    runs = dict(runs or {})
     payload = {
         "results": {p: {str(s): {str(n): v for n, v in acc.items()} for s, acc in by_seed.items()}
                     for p, by_seed in results.items()},
-        "train_lengths": [1, TRAIN_MAX_LEN], "steps": steps, "torch": torch.__version__,
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(), "threads": torch.get_num_threads(),
-        "date": datetime.date.today().isoformat(),
+        "train_lengths": [1, TRAIN_MAX_LEN], "steps": steps, "sinusoid_rms": sinusoid_rms,
+        "runs": {p: runs.get(p, now) for p in results},
+        **now,
     }
     path.write_text(json.dumps(payload, indent=1) + "\n")
     return path

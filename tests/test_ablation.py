@@ -1,4 +1,5 @@
-"""Lesson 11's ablation (course_lib.ablation): one change per row, equal parameter counts
+"""Lesson 11's ablation (course_lib.ablation): cumulative rows (each adds one change to the row
+above), equal parameter counts
 (matched_d_ff), the runner's output on a tiny corpus, the results files, bad input."""
 
 from __future__ import annotations

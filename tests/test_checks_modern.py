@@ -16,8 +16,8 @@ from course_lib.checks import check_gqa, check_kv_bytes, check_rope_layout
 from course_lib.checks._common import CheckFailure
 from course_lib.checks.modern import KV_BATCH, KV_CONFIG, KV_TOKENS, kv_bytes_factors, kv_bytes_mistakes
 from course_lib.gpt import GPT
-from course_lib.modern import kv_cache_bytes
-from course_lib.rope import apply_rotary, rotate_half
+from course_lib.modern import RMSNorm, kv_cache_bytes, swiglu_d_ff
+from course_lib.rope import RotaryEmbedding, apply_rotary, rotate_half
 from course_lib.solutions import predicted_answer, solution_source
 
 
@@ -519,3 +519,459 @@ def test_rope_checker_tables_are_hugging_faces():
         ours_cos, ours_sin = _tables(positions, head_dim, base)
         torch.testing.assert_close(ours_cos, cos, atol=1e-6, rtol=0)
         torch.testing.assert_close(ours_sin, sin, atol=1e-6, rtol=0)
+
+
+# ----------------------------------------------------------------------------------------------
+# every checker: no raw error, float64 compared (issue #24's defect classes)
+# ----------------------------------------------------------------------------------------------
+
+from torch import nn  # noqa: E402
+
+from course_lib.checks import (  # noqa: E402
+    check_apply_rope, check_rmsnorm, check_rope_decode, check_swiglu,
+)
+
+
+def test_rope_layout_float64_answers_are_compared_not_refused():
+    right = _solution("11.rope_layout")["apply_rotary_fixed"]
+    assert passes(check_rope_layout, lambda x, c, s: right(x.double(), c.double(), s.double()))
+    with pytest.raises(CheckFailure, match="still the pairs layout"):
+        check_rope_layout(lambda x, c, s: apply_rotary_ported(x.double(), c.double(), s.double()))
+
+
+@pytest.mark.parametrize("check, answer", [
+    (check_rope_layout, lambda x, c, s: "not a tensor"),
+    (check_gqa, lambda q, k, v, mask=None: [q]),
+    (check_apply_rope, lambda x, p, base=10000.0: torch.zeros(2, 2, dtype=torch.long)),
+    (check_rmsnorm, lambda d, eps=1e-6: nn.Identity()),
+    (check_swiglu, lambda d: 5),
+    (check_rope_decode, lambda layer, x_t, t, cache: (x_t, None)),
+])
+def test_checkers_answer_with_a_check_failure_never_a_raw_error(check, answer):
+    with pytest.raises(CheckFailure):
+        check(answer)
+
+
+# ----------------------------------------------------------------------------------------------
+# check_rmsnorm
+# ----------------------------------------------------------------------------------------------
+
+
+def _rmsnorm(formula, bias=False, init=torch.ones):
+    """A learner's RMSNorm whose forward is ``formula(x, weight, eps)``."""
+
+    class MyRMSNorm(nn.Module):
+        def __init__(self, d_model, eps=1e-6):
+            super().__init__()
+            self.weight = nn.Parameter(init(d_model))
+            if bias:
+                self.bias = nn.Parameter(torch.zeros(d_model))
+            self.eps = eps
+
+        def forward(self, x):
+            return formula(x, self.weight, self.eps)
+
+    return MyRMSNorm
+
+
+def _rms_float32_inside(x, w, eps):  # Hugging Face's style: float32 inside, rsqrt
+    x32 = x.float()
+    return (w * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps))).to(x.dtype)
+
+
+def _rms_loop(x, w, eps):  # one vector at a time
+    flat = x.reshape(-1, x.size(-1))
+    rows = [v / math.sqrt(sum(float(a) ** 2 for a in v) / len(v) + eps) for v in flat]
+    return (torch.stack(rows) * w).reshape(x.shape)
+
+
+def _rms_norm_fn(x, w, eps):  # through the vector norm
+    return x / (torch.linalg.vector_norm(x, dim=-1, keepdim=True) ** 2 / x.size(-1) + eps).sqrt() * w
+
+
+def test_rmsnorm_solution_passes(capsys):
+    assert passes(check_rmsnorm, _solution("11.rmsnorm")["MyRMSNorm"])
+    assert "check_rmsnorm: right" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("formula", [_rms_float32_inside, _rms_loop, _rms_norm_fn])
+def test_rmsnorm_other_styles_pass(formula):
+    assert passes(check_rmsnorm, _rmsnorm(formula))
+
+
+def _ms(x):
+    return x.pow(2).mean(-1, keepdim=True)
+
+
+RMS_MISTAKES = [
+    (lambda x, w, e: x / torch.sqrt(x.var(-1, keepdim=True) + e) * w, "torch.var instead of the mean"),
+    (lambda x, w, e: x / torch.sqrt(x.var(-1, keepdim=True, unbiased=False) + e) * w,
+     r"torch.var\(unbiased=False\)"),
+    (lambda x, w, e: (x - x.mean(-1, keepdim=True)) / torch.sqrt(x.var(-1, keepdim=True, unbiased=False)
+                                                                 + e) * w, "that is LayerNorm"),
+    (lambda x, w, e: (x - x.mean(-1, keepdim=True)) / torch.sqrt(x.var(-1, keepdim=True) + e) * w,
+     "subtracted, with torch.var's unbiased"),
+    (lambda x, w, e: x / torch.sqrt(x.pow(2).sum(-1, keepdim=True) / (x.size(-1) - 1) + e) * w,
+     "divided by d - 1"),
+    (lambda x, w, e: x / (_ms(x).sqrt() + e) * w, "eps outside the square root"),
+    (lambda x, w, e: x / _ms(x).sqrt() * w, "eps is missing"),
+    (lambda x, w, e: x / (_ms(x) + e) * w, "square root is missing"),
+    (lambda x, w, e: x / torch.sqrt(_ms(x) + e), "gain is not applied"),
+    (lambda x, w, e: x / torch.sqrt(_ms(x) + e) / w, "gain divides"),
+    (lambda x, w, e: x / torch.sqrt(x.pow(2).mean(0, keepdim=True) + e) * w, r"wrong axis \(dim 0"),
+    (lambda x, w, e: x / torch.sqrt(x.pow(2).mean(-2, keepdim=True) + e) * w, r"wrong axis \(dim -2"),
+    (lambda x, w, e: x / torch.sqrt(x.pow(2).mean() + e) * w, "whole tensor"),
+    (lambda x, w, e: x / torch.sqrt(x.pow(2).sum(-1, keepdim=True) + e) * w, "the norm instead"),
+]
+
+
+@pytest.mark.parametrize("formula, words", RMS_MISTAKES)
+def test_rmsnorm_mistakes_are_named(formula, words):
+    with pytest.raises(CheckFailure, match=words):
+        check_rmsnorm(_rmsnorm(formula))
+
+
+def test_rmsnorm_module_mistakes_are_named():
+    right = _rms_float32_inside
+    with pytest.raises(CheckFailure, match="No bias"):
+        check_rmsnorm(_rmsnorm(right, bias=True))
+    with pytest.raises(CheckFailure, match="start at ones"):
+        check_rmsnorm(_rmsnorm(right, init=torch.randn))
+
+    class NoWeight(nn.Module):
+        def __init__(self, d_model, eps=1e-6):
+            super().__init__()
+            self.eps = eps
+
+        def forward(self, x):
+            return x / torch.sqrt(_ms(x) + self.eps)
+
+    with pytest.raises(CheckFailure, match="no parameters"):
+        check_rmsnorm(NoWeight)
+
+    class Gain(nn.Module):
+        def __init__(self, d_model, eps=1e-6):
+            super().__init__()
+            self.gain, self.eps = nn.Parameter(torch.ones(d_model)), eps
+
+    with pytest.raises(CheckFailure, match="Name the gain self.weight"):
+        check_rmsnorm(Gain)
+    with pytest.raises(CheckFailure, match="library's RMSNorm"):
+        check_rmsnorm(RMSNorm)
+
+
+# ----------------------------------------------------------------------------------------------
+# check_swiglu
+# ----------------------------------------------------------------------------------------------
+
+
+def _swiglu(width=lambda d: round(8 * d / 3), wiring=None, bias=False, names=("gate", "up", "down")):
+    class MySwiGLU(nn.Module):
+        def __init__(self, d_model):
+            super().__init__()
+            d_ff = width(d_model)
+            for name, shape in zip(names, ((d_model, d_ff), (d_model, d_ff), (d_ff, d_model))):
+                setattr(self, name, nn.Linear(*shape, bias=bias))
+
+        def forward(self, x):
+            g, u, o = (getattr(self, n) for n in names)
+            return wiring(x, g, u, o) if wiring else o(F.silu(g(x)) * u(x))
+
+    return MySwiGLU
+
+
+def test_swiglu_solution_passes(capsys):
+    assert passes(check_swiglu, _solution("11.swiglu")["MySwiGLU"])
+    assert "check_swiglu: right" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("module", [
+    _swiglu(width=lambda d: int(2 / 3 * 4 * d + 0.5)),
+    _swiglu(width=lambda d: -(-8 * d // 3) if (8 * d) % 3 == 2 else 8 * d // 3,
+            wiring=lambda x, g, u, o: o(g(x) * torch.sigmoid(g(x)) * u(x))),  # SiLU written out
+    _swiglu(wiring=lambda x, g, u, o: F.linear(F.silu(F.linear(x, g.weight)) * F.linear(x, u.weight),
+                                               o.weight)),
+])
+def test_swiglu_other_styles_pass(module):
+    assert passes(check_swiglu, module)
+
+
+@pytest.mark.parametrize("module, words", [
+    (_swiglu(width=lambda d: 4 * d), "GELU's width"),
+    (_swiglu(width=lambda d: 8 * d // 3), "rounded DOWN"),
+    (_swiglu(width=lambda d: round(2 * d / 3)), "2/3 of d_model"),
+    (_swiglu(width=lambda d: round(4 * d / 3)), "one GELU matrix"),
+    (_swiglu(width=lambda d: 8 * d / 3), "must be an int"),
+    (_swiglu(bias=True), "no biases"),
+    (_swiglu(names=("w1", "w3", "w2")), "no nn.Linear named 'gate'"),
+    (_swiglu(wiring=lambda x, g, u, o: o(F.silu(u(x)) * g(x))), "gate and up swapped"),
+    (_swiglu(wiring=lambda x, g, u, o: o(F.silu(g(x) * u(x)))), "SiLU on the product"),
+    (_swiglu(wiring=lambda x, g, u, o: o(F.silu(g(x)) * F.silu(u(x)))), "SiLU on both"),
+    (_swiglu(wiring=lambda x, g, u, o: o(torch.sigmoid(g(x)) * u(x))), "that is GLU"),
+    (_swiglu(wiring=lambda x, g, u, o: o(F.gelu(g(x)) * u(x))), "GEGLU"),
+    (_swiglu(wiring=lambda x, g, u, o: o(F.relu(g(x)) * u(x))), "ReGLU"),
+    (_swiglu(wiring=lambda x, g, u, o: o(F.silu(g(x)) + u(x))), "added, not multiplied"),
+    (_swiglu(wiring=lambda x, g, u, o: o(F.silu(g(x)))), "up is not used"),
+    (_swiglu(wiring=lambda x, g, u, o: F.silu(g(x)) * u(x)), "down maps back"),
+])
+def test_swiglu_mistakes_are_named(module, words):
+    with pytest.raises(CheckFailure, match=words):
+        check_swiglu(module)
+
+
+def test_swiglu_refuses_the_sizing_function():
+    with pytest.raises(CheckFailure, match="swiglu_d_ff"):
+        check_swiglu(_swiglu(width=lambda d: swiglu_d_ff(d)))
+
+
+# ----------------------------------------------------------------------------------------------
+# check_apply_rope
+# ----------------------------------------------------------------------------------------------
+
+
+def _rope_by_complex(x, positions, base=10000.0):
+    half = x.size(-1) // 2
+    theta = 1.0 / base ** (torch.arange(0, x.size(-1), 2).double() / x.size(-1))
+    turn = torch.polar(torch.ones(len(positions), half, dtype=torch.float64),
+                       positions[:, None].double() * theta)  # (L, hd/2) unit complex numbers
+    z = torch.complex(x[..., :half].double(), x[..., half:].double()) * turn
+    return torch.cat([z.real, z.imag], dim=-1).to(x.dtype)
+
+
+def _rope_by_loops(x, positions, base=10000.0):
+    out = x.clone()
+    hd = x.size(-1)
+    for j, m in enumerate(positions.tolist()):
+        for i in range(hd // 2):
+            a = m * base ** (-2 * i / hd)
+            u, v = x[..., j, i], x[..., j, i + hd // 2]
+            out[..., j, i] = u * math.cos(a) - v * math.sin(a)
+            out[..., j, i + hd // 2] = u * math.sin(a) + v * math.cos(a)
+    return out
+
+
+def _rope_by_rotate_half_float32(x, positions, base=10000.0):
+    hd = x.size(-1)
+    theta = 1.0 / (base ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd))
+    angles = positions[:, None].float() * theta
+    angles = torch.cat([angles, angles], dim=-1)
+    x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
+    return x * angles.cos() + torch.cat([-x2, x1], dim=-1) * angles.sin()  # float64 in: float64 out
+
+
+def test_apply_rope_solution_passes(capsys):
+    assert passes(check_apply_rope, _solution("11.apply_rope")["apply_rope"])
+    assert "check_apply_rope: right" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("fn", [_rope_by_complex, _rope_by_loops, _rope_by_rotate_half_float32])
+def test_apply_rope_other_styles_pass(fn):
+    assert passes(check_apply_rope, fn)
+
+
+def _rope_variant(shift=0, two=2.0, sign=-1.0, flip=1.0, layout="halves", swap=False,
+                  own_positions=False, first_half_only=False, head_dim=None):
+    def apply_rope(x, positions, base=10000.0):
+        hd = head_dim or x.size(-1)
+        p = torch.arange(len(positions)) if own_positions else positions
+        i = torch.arange(hd // 2, dtype=torch.float64)
+        angles = (p.double() + shift)[:, None] * base ** (sign * two * i / hd)
+        c, s = angles.cos().to(x.dtype), (flip * angles).sin().to(x.dtype)
+        if swap:
+            c, s = s, c
+        if layout == "pairs":
+            a, b = x[..., 0::2], x[..., 1::2]
+            return torch.stack([a * c - b * s, a * s + b * c], dim=-1).flatten(-2)
+        x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
+        if first_half_only:
+            return torch.cat([x1 * c - x2 * s, x2], dim=-1)
+        return torch.cat([x1 * c - x2 * s, x1 * s + x2 * c], dim=-1)
+
+    return apply_rope
+
+
+@pytest.mark.parametrize("fn, words", [
+    (_rope_variant(shift=1), "1-based positions"),
+    (_rope_variant(own_positions=True), "0..L-1 instead of the positions given"),
+    (_rope_variant(layout="pairs"), "pairs layout"),
+    (_rope_variant(flip=-1.0), "sign is flipped"),
+    (_rope_variant(two=1.0), "the 2 is missing"),
+    (_rope_variant(sign=1.0), "the minus is missing"),
+    (_rope_variant(two=4.0), "-4i"),
+    (_rope_variant(swap=True), "cos and sin swapped"),
+    (_rope_variant(first_half_only=True), "only the first half"),
+    (_rope_variant(head_dim=8), "Only right for another head_dim"),
+])
+def test_apply_rope_mistakes_are_named(fn, words):
+    with pytest.raises(CheckFailure, match=words):
+        check_apply_rope(fn)
+
+
+def test_apply_rope_refuses_the_library():
+    with pytest.raises(CheckFailure, match="library's rotary"):
+        check_apply_rope(lambda x, p, base=10000.0: apply_rotary(x, torch.ones(x.size(-1)),
+                                                                  torch.zeros(x.size(-1))))
+
+
+# ----------------------------------------------------------------------------------------------
+# check_rope_decode (★★★)
+# ----------------------------------------------------------------------------------------------
+
+
+def _decode_solution():
+    namespace = _solution("11.apply_rope")
+    exec(solution_source("11.gqa"), namespace)  # noqa: S102
+    namespace["rope_at"], namespace["attend"] = namespace["apply_rope"], namespace["grouped_query_attention"]
+    exec(solution_source("11.rope_decode"), namespace)  # noqa: S102
+    return namespace
+
+
+def _decode_variant(knob=""):
+    ns = _decode_solution()
+    apply_rope, attend = ns["apply_rope"], ns["grouped_query_attention"]
+
+    def rope_decode_step(layer, x_t, t, cache):
+        kv = layer.num_kv_heads
+        q = layer.split_heads(layer.q_proj(x_t))
+        k = layer.split_heads(layer.k_proj(x_t), kv)
+        v = layer.split_heads(layer.v_proj(x_t), kv)
+        pos = torch.tensor([{"pos0": 0, "one_based": t + 1}.get(knob, t)])
+        if knob != "q_unturned":
+            q = apply_rope(q, pos)
+        if knob not in ("k_unturned", "unturned_cache"):
+            k = apply_rope(k, pos)
+        if knob == "turn_v":
+            v = apply_rope(v, pos)
+        past = cache
+        if cache is not None:
+            k, v = torch.cat([cache[0], k], dim=2), torch.cat([cache[1], v], dim=2)
+        keys, values = k, v
+        if knob in ("unturned_cache", "turned_twice"):  # turn the whole cache by 0..t each step
+            keys = apply_rope(k, torch.arange(t + 1))
+        if knob == "past_only":
+            if past is None:
+                return layer.out_proj(layer.merge_heads(torch.zeros_like(q))), (k, v)
+            keys, values = past
+        if knob == "new_only":
+            keys, values = keys[:, :, -1:], values[:, :, -1:]
+        if knob == "modulo":
+            group = layer.num_heads // kv
+            heads = F.scaled_dot_product_attention(q, keys.repeat(1, group, 1, 1),
+                                                   values.repeat(1, group, 1, 1))
+        elif knob == "no_scale":
+            group = layer.num_heads // kv
+            heads = F.scaled_dot_product_attention(q, keys.repeat_interleave(group, 1),
+                                                   values.repeat_interleave(group, 1), scale=1.0)
+        else:
+            heads = attend(q, keys, values)
+        return layer.out_proj(layer.merge_heads(heads)), (k, v)
+
+    return rope_decode_step
+
+
+def test_rope_decode_solution_passes(capsys):
+    assert passes(check_rope_decode, _decode_solution()["rope_decode_step"])
+    assert "check_rope_decode: on all" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("fn", [
+    _decode_variant(),
+    _decode_variant("unturned_cache"),  # unturned keys cached, the whole cache turned each step
+    _decode_variant("one_based"),  # every query and key one position on: the offsets stay the same
+])
+def test_rope_decode_other_styles_pass(fn):
+    assert passes(check_rope_decode, fn)
+
+
+@pytest.mark.parametrize("knob, words", [
+    ("pos0", "turned at position 0"), ("q_unturned", "query is not turned"),
+    ("k_unturned", "keys are never turned"), ("turn_v", "values are turned"),
+    ("turned_twice", "turned twice"), ("past_only", "does not see itself"),
+    ("new_only", "cache is not used"), ("modulo", "i % num_kv_heads"), ("no_scale", "sqrt"),
+])
+def test_rope_decode_mistakes_are_named(knob, words):
+    with pytest.raises(CheckFailure, match=words):
+        check_rope_decode(_decode_variant(knob))
+
+
+def test_rope_decode_cache_shape_and_refusals():
+    right = _decode_solution()["rope_decode_step"]
+
+    def repeated_cache(layer, x_t, t, cache):
+        out, (k, v) = right(layer, x_t, t, cache)
+        group = layer.num_heads // layer.num_kv_heads
+        return out, (k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)) if group > 1 else (k, v)
+
+    with pytest.raises(CheckFailure, match="Keep num_kv_heads heads in the cache"):
+        check_rope_decode(repeated_cache)
+    with pytest.raises(CheckFailure, match="a pair"):
+        check_rope_decode(lambda layer, x_t, t, cache: right(layer, x_t, t, cache)[0])
+
+    def with_library(layer, x_t, t, cache):
+        RotaryEmbedding(layer.head_dim, t + 1)(layer.split_heads(layer.q_proj(x_t)), start=t)
+        return right(layer, x_t, t, cache)
+
+    with pytest.raises(CheckFailure, match="library's rotary"):
+        check_rope_decode(with_library)
+
+
+# ----------------------------------------------------------------------------------------------
+# check_gqa: sizes (issue #24: wrong repeat count, sizes hard-coded at the lesson's head size)
+# ----------------------------------------------------------------------------------------------
+
+
+def _gqa_hard_coded(q, k, v, mask=None):
+    k, v = k.repeat_interleave(4, dim=1), v.repeat_interleave(4, dim=1)  # the lesson's 8 : 2
+    scores = q @ k.transpose(-2, -1) / 4.0  # sqrt(16), the lesson's head_dim
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return scores.softmax(-1) @ v
+
+
+def _gqa_repeats(times):
+    def grouped_query_attention(q, k, v, mask=None):
+        n = times(q.size(1), k.size(1))
+        k, v = k.repeat_interleave(n, dim=1), v.repeat_interleave(n, dim=1)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    return grouped_query_attention
+
+
+@pytest.mark.parametrize("fn, words", [
+    (_gqa_hard_coded, "Hard-coded sizes.*lesson's own sizes"),
+    (_gqa_repeats(lambda h, kv: kv), "repeated the wrong number of times.*not num_kv_heads"),
+    (_gqa_repeats(lambda h, kv: h), "repeated the wrong number of times.*not num_heads"),
+])
+def test_gqa_size_mistakes_are_named(fn, words):
+    with pytest.raises(CheckFailure, match=words):
+        check_gqa(fn)
+
+
+def test_gqa_on_lesson_01s_attention_passes():
+    def grouped_query_attention(q, k, v, mask=None):
+        group = q.size(1) // k.size(1)
+        out, _ = scaled_dot_product_attention(q, k.repeat_interleave(group, 1),
+                                              v.repeat_interleave(group, 1), mask)
+        return out
+
+    assert passes(check_gqa, grouped_query_attention)
+
+
+def test_new_checkers_leave_the_global_random_state_alone():
+    ns = _decode_solution()
+    assert_checkers_keep_random_state([
+        (check_rmsnorm, _solution("11.rmsnorm")["MyRMSNorm"]),
+        (check_swiglu, _solution("11.swiglu")["MySwiGLU"]),
+        (check_apply_rope, ns["apply_rope"]), (check_rope_decode, ns["rope_decode_step"])])
+
+
+@pytest.mark.parametrize("check, name", [(check_rmsnorm, "MyRMSNorm"), (check_swiglu, "MySwiGLU"),
+                                         (check_apply_rope, "apply_rope"),
+                                         (check_rope_decode, "rope_decode_step")])
+def test_new_stubs_print_a_reminder(check, name, capsys):
+    def stub(*args, **kwargs):
+        raise NotImplementedError
+
+    stub.__name__ = name
+    check(stub)
+    assert "not implemented yet" in capsys.readouterr().out

@@ -10,11 +10,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from course_lib.embeddings import sinusoidal_positional_encoding
 from course_lib.extrapolation import (
-    COPY_MAX_LEN, IGNORE, RESULTS_PATH, copy_config, copy_prompt, copy_task, exact_match_by_length,
-    load_length_generalisation, make_copy_batch, save_length_generalisation, train_copy_model,
+    COPY_MAX_LEN, IGNORE, RESULTS_PATH, SINUSOID_RMS, copy_config, copy_prompt, copy_task,
+    exact_match_by_length, load_length_generalisation, make_copy_batch, save_length_generalisation,
+    scale_sinusoids, train_copy_model,
 )
-from course_lib.gpt import GPTConfig, lm_loss
+from course_lib.gpt import GPT
+from course_lib.gpt import GPTConfig, lm_loss  # noqa: F811
 from course_lib.tasks import VariableLengthTask
 
 
@@ -150,3 +153,43 @@ def test_the_stored_results_load_and_cover_every_positional_and_length():
         assert len(by_seed) >= 3
         for acc in by_seed.values():
             assert sorted(acc) == list(range(1, 41)) and all(0.0 <= v <= 1.0 for v in acc.values())
+
+
+def test_sinusoids_are_scaled_to_the_learned_tables_starting_size():
+    """Like with like: every position's sinusoidal vector gets the RMS of an N(0, 0.02^2) vector, the
+    scale at which GPT-2 starts its token vectors and learned positions; the table's shape (the
+    angles) is unchanged."""
+    torch.manual_seed(0)
+    model = scale_sinusoids(GPT(copy_config("sinusoidal")))
+    table = model.embed.position.pe  # (83, 64)
+    torch.testing.assert_close(table.pow(2).mean(-1).sqrt(), torch.full((COPY_MAX_LEN,), SINUSOID_RMS))
+    unscaled = sinusoidal_positional_encoding(COPY_MAX_LEN, 64)
+    torch.testing.assert_close(table, unscaled * SINUSOID_RMS * 2 ** 0.5)
+    learned = GPT(copy_config("learned")).embed.position.embedding.weight
+    tokens = model.embed.token.embedding.weight
+    for init in (learned, tokens):  # the same scale at the start, within sampling noise
+        assert abs(init.pow(2).mean().sqrt().item() - SINUSOID_RMS) < 0.002
+
+
+def test_train_copy_model_scales_sinusoids_unless_told_not_to():
+    scaled = train_copy_model("sinusoidal", steps=51, task=VariableLengthTask(num_heldout=10))
+    plain = train_copy_model("sinusoidal", steps=51, task=VariableLengthTask(num_heldout=10),
+                             sinusoid_rms=None)
+    assert abs(scaled.embed.position.pe.pow(2).mean().sqrt().item() - SINUSOID_RMS) < 1e-6
+    assert abs(plain.embed.position.pe.pow(2).mean().sqrt().item() - 0.5 ** 0.5) < 1e-3
+
+
+def test_scale_sinusoids_bad_input():
+    with pytest.raises(ValueError, match="not 'sinusoidal'"):
+        scale_sinusoids(GPT(copy_config("learned")))
+    for rms in (0, -0.02, float("nan"), True):
+        with pytest.raises(ValueError, match="rms"):
+            scale_sinusoids(GPT(copy_config("sinusoidal")), rms)
+
+
+def test_the_stored_sinusoidal_runs_used_the_scaled_table():
+    loaded = load_length_generalisation()
+    assert loaded["sinusoid_rms"] == SINUSOID_RMS
+    assert set(loaded["runs"]) == {"learned", "sinusoidal", "rope", "none"}
+    sinusoidal = loaded["results"]["sinusoidal"]
+    assert min(acc[1] for acc in sinusoidal.values()) == 1.0  # at one scale, they learn to copy

@@ -31,7 +31,8 @@ from ..modern import kv_cache_bytes
 from ..rope import RotaryEmbedding, apply_rotary, rotary_frequencies
 from ._common import CheckFailure, Mistake, calls_to, checker, compare, expect_shape, is_course_lib
 
-__all__ = ["check_kv_bytes", "check_rope_layout", "check_gqa"]
+__all__ = ["check_kv_bytes", "check_rope_layout", "check_gqa", "check_rmsnorm", "check_swiglu",
+           "check_apply_rope", "check_rope_decode"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -309,8 +310,7 @@ def _rope_refusals(fn: Callable[..., Any]) -> list[Callable[..., Any]]:
 def check_rope_layout(fn: Callable[..., Any]) -> None:
     """Check ``fn(x (B, h, L, hd), cos, sin (L, hd)) -> (B, h, L, hd)`` against Hugging Face's
     ``apply_rotary_pos_emb``. The global random state is left as it was."""
-    with torch.random.fork_rng(devices=[]):
-        _check_rope_layout(fn)
+    _no_raw_errors(_check_rope_layout)(fn)
 
 
 _ROPE_CASES = [  # (case, B, h, L, head_dim, base, tables with a batch dim)
@@ -342,8 +342,8 @@ def _rope_case_ok(fn: Callable[..., Any], n: int) -> bool:
     except Exception:
         return False
     expected = _hf_rotary(x, cos, sin)
-    return (isinstance(got, torch.Tensor) and got.shape == expected.shape
-            and torch.allclose(got.detach(), expected, atol=1e-5, rtol=1e-4))
+    return (isinstance(got, torch.Tensor) and got.shape == expected.shape and got.is_floating_point()
+            and torch.allclose(got.detach().double(), expected.double(), atol=1e-5, rtol=1e-4))
 
 
 def _one_head_dim(fn: Callable[..., Any], n: int) -> str:
@@ -393,8 +393,8 @@ def _check_rope_layout(fn: Callable[..., Any]) -> None:
                 f"{tuple(expected.shape)}. Do not reshape cos and sin: x * cos + ... broadcasts any "
                 "table shape that lines up with x's last two dims."
             ) from error
-        if error is not None or (not wrong_shape and not torch.allclose(
-                got.detach(), expected, atol=1e-5, rtol=1e-4)):
+        if error is not None or (not wrong_shape and not (got.is_floating_point() and torch.allclose(
+                got.detach().double(), expected.double(), atol=1e-5, rtol=1e-4))):
             hard_coded = _one_head_dim(fn, n)
             if hard_coded:
                 raise CheckFailure(hard_coded) from error
@@ -406,7 +406,7 @@ def _check_rope_layout(fn: Callable[..., Any]) -> None:
             ) from error
         expect_shape(got, (B, h, L, hd), f"the turned x ({case})",
                      "RoPE turns x without changing its shape: (B, h, L, head_dim) in and out.")
-        _compare(got.detach(), expected, (x, cos, sin), _ROPE_MISTAKES, case,
+        _compare(got.detach().double(), expected.double(), (x, cos, sin), _ROPE_MISTAKES, case,
                  "Hugging Face's apply_rotary_pos_emb")
     print(f"check_rope_layout: right, equal to Hugging Face's apply_rotary_pos_emb on all "
           f"{len(_ROPE_CASES)} cases (halves layout: rotate_half(x) = (-x2, x1)).")
@@ -511,12 +511,47 @@ def _random_mask(L_q: int, L_k: int, gen: torch.Generator) -> torch.Tensor:
     return mask
 
 
+def _gqa_right_at(fn: Callable[..., Any], B: int, h: int, kv: int, L: int, hd: int) -> bool:
+    """True if ``fn`` gives PyTorch's grouped-query attention at these sizes (causal mask)."""
+    gen = torch.Generator().manual_seed(h * 100 + kv * 10 + hd)
+    q = torch.randn(B, h, L, hd, generator=gen)
+    k, v = (torch.randn(B, kv, L, hd, generator=gen) for _ in range(2))
+    mask = torch.ones(L, L, dtype=torch.bool).tril()
+    try:
+        got = fn(q, k, v, mask)
+    except Exception:
+        return False
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=kv != h)
+    return _close64(got, expected)
+
+
+def _gqa_diagnosis(fn: Callable[..., Any], case: str, h: int, kv: int, hd: int) -> str:
+    """A sentence naming a size mistake (hard-coded sizes, heads repeated the wrong number of
+    times) from how ``fn`` does at other sizes, or ''."""
+    if (h, kv, hd) != (8, 2, 16) and _gqa_right_at(fn, 2, 8, 2, 5, 16):
+        return (f"Hard-coded sizes: your function is right at the lesson's own sizes (8 heads, 2 KV "
+                f"heads, head_dim 16) but not with {case}. Take every size from the tensors: "
+                "group = q.size(1) // k.size(1), head_dim = q.size(-1)")
+    group = h // kv
+    if _gqa_right_at(fn, 1, 4, 1, 4, 8) and _gqa_right_at(fn, 1, 3, 3, 4, 8):
+        return ""  # right whenever no repeat is needed: the KV heads are not repeated (named below)
+    if group != kv and kv != 1 and _gqa_right_at(fn, 1, 4, 2, 4, 8):
+        return (f"KV heads repeated the wrong number of times ({case}): your function is right when "
+                f"num_kv_heads = num_heads // num_kv_heads (4 heads, 2 KV heads) but not here. Repeat "
+                f"each KV head group = num_heads // num_kv_heads = {group} times, not num_kv_heads = "
+                f"{kv} times")
+    if kv != 1 and group != h and _gqa_right_at(fn, 1, 4, 1, 4, 8):
+        return (f"KV heads repeated the wrong number of times ({case}): your function is right with "
+                f"one KV head but not here. Repeat each KV head group = num_heads // num_kv_heads = "
+                f"{group} times (not num_heads = {h} times)")
+    return ""
+
+
 @checker
 def check_gqa(fn: Callable[..., Any]) -> None:
     """Check ``fn(q, k, v, mask=None) -> (B, h, L_q, hd)``: grouped-query attention, against PyTorch's
     ``F.scaled_dot_product_attention(..., enable_gqa=True)``. The global random state is left as it was."""
-    with torch.random.fork_rng(devices=[]):
-        _check_gqa(fn)
+    _no_raw_errors(_check_gqa)(fn)
 
 
 def _check_gqa(fn: Callable[..., Any]) -> None:
@@ -563,6 +598,9 @@ def _check_gqa(fn: Callable[..., Any]) -> None:
         if any(not torch.equal(a, b) for a, b in zip((q, k, v), inputs)):
             raise CheckFailure(f"Your function changes q, k or v in place ({case}); build new tensors.")
         if error is not None:
+            diagnosis = _gqa_diagnosis(fn, case, h, kv, hd)
+            if diagnosis:
+                raise CheckFailure(diagnosis + ".") from error
             text = str(error)
             if kv not in (1, h) and (f"{kv}" in text and f"{h}" in text):
                 raise CheckFailure(
@@ -588,7 +626,674 @@ def _check_gqa(fn: Callable[..., Any]) -> None:
                      "Grouped-query attention returns one output per query head: (B, h, L_q, head_dim).")
         got = got.detach()
         expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=kv != h)
-        _compare(got, expected, (q, k, v, mask), _gqa_mistakes(h, kv), case,
-                 "F.scaled_dot_product_attention(..., enable_gqa=True)")
+        try:
+            _compare(got, expected, (q, k, v, mask), _gqa_mistakes(h, kv), case,
+                     "F.scaled_dot_product_attention(..., enable_gqa=True)")
+        except CheckFailure as failure:  # no named mistake: perhaps a size taken from elsewhere
+            diagnosis = "" if str(failure).startswith("Likely") else _gqa_diagnosis(fn, case, h, kv, hd)
+            if diagnosis:
+                raise CheckFailure(diagnosis + ".") from None
+            raise
     print(f"check_gqa: all {len(cases)} cases match PyTorch's F.scaled_dot_product_attention with "
           "enable_gqa=True (query head i reads KV head i // (h // kv)). Well done!")
+
+
+# ----------------------------------------------------------------------------------------------
+# Shared by the checkers below: every comparison in float64 (a float64 or float16 answer is
+# compared, never refused by torch.allclose's dtype rule), and no raw error ever leaves a checker.
+# ----------------------------------------------------------------------------------------------
+
+
+def _f64(t: Any) -> Any:
+    return t.detach().to(torch.float64) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
+
+
+def _close64(got: Any, expected: torch.Tensor, atol: float = 1e-5) -> bool:
+    return (isinstance(got, torch.Tensor) and got.shape == expected.shape and got.is_floating_point()
+            and torch.allclose(_f64(got), _f64(expected), atol=atol, rtol=1e-4))
+
+
+def _compare64(got: torch.Tensor, expected: torch.Tensor, inputs: tuple, mistakes: list[Mistake],
+               case: str, reference: str) -> None:
+    """``compare`` on float64 copies (the mistakes are computed on float64 inputs too)."""
+    wrapped = [Mistake(m.name, m.hint, (lambda f: lambda *a: _f64(f(*a)))(m.compute)) for m in mistakes]
+    _compare(_f64(got), _f64(expected), tuple(_f64(a) for a in inputs), wrapped, case, reference)
+
+
+def _no_raw_errors(body: Callable[..., None]) -> Callable[..., None]:
+    """Run a checker's body; anything but a verdict becomes a ``CheckFailure`` that says so."""
+
+    def run(fn: Any) -> None:
+        try:
+            with torch.random.fork_rng(devices=[]):  # the learner's global random state stays as it was
+                body(fn)
+        except (NotImplementedError, CheckFailure):
+            raise
+        except Exception as err:  # a learner's object the checker could not use
+            raise CheckFailure(
+                f"The checker could not use your answer: {type(err).__name__}: {err}. Check that it "
+                "has the signature the exercise gives and returns a tensor."
+            ) from err
+
+    run.__name__ = body.__name__
+    return run
+
+
+def _call(fn: Callable[..., Any], *args: Any, case: str, hint: str) -> Any:
+    try:
+        return fn(*args)
+    except (NotImplementedError, CheckFailure):
+        raise
+    except Exception as err:
+        raise CheckFailure(f"Your code raised {type(err).__name__} ({case}): {err}. {hint}") from err
+
+
+# ----------------------------------------------------------------------------------------------
+# check_rmsnorm (build)
+# ----------------------------------------------------------------------------------------------
+
+
+def _rms_ref(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def _rms_mistakes(eps: float) -> list[Mistake]:
+    def var(x: torch.Tensor, unbiased: bool) -> torch.Tensor:
+        return x.var(-1, keepdim=True, unbiased=unbiased)
+
+    def centred(x: torch.Tensor) -> torch.Tensor:
+        return x - x.mean(-1, keepdim=True)
+
+    return [
+        Mistake("torch.var instead of the mean of squares",
+                "x.var() subtracts the mean first and divides by d - 1 (the unbiased estimate): "
+                "RMSNorm divides by sqrt(mean(x**2) + eps), x.pow(2).mean(-1, keepdim=True)",
+                lambda x, w: x / torch.sqrt(var(x, True) + eps) * w),
+        Mistake("torch.var(unbiased=False): the variance, not the mean square",
+                "the variance subtracts the mean; RMSNorm uses the mean of the squares themselves, "
+                "x.pow(2).mean(-1, keepdim=True)",
+                lambda x, w: x / torch.sqrt(var(x, False) + eps) * w),
+        Mistake("the mean is subtracted: that is LayerNorm",
+                "(x - mean) / std is LayerNorm's centring; RMSNorm keeps x as it is and divides by "
+                "its root mean square",
+                lambda x, w: centred(x) / torch.sqrt(var(x, False) + eps) * w),
+        Mistake("the mean is subtracted, with torch.var's unbiased variance",
+                "that is LayerNorm's centring, and torch.var divides by d - 1: RMSNorm divides x by "
+                "sqrt(mean(x**2) + eps)",
+                lambda x, w: centred(x) / torch.sqrt(var(x, True) + eps) * w),
+        Mistake("the sum of squares divided by d - 1",
+                "the mean square divides by d (x.pow(2).mean(-1)), not d - 1",
+                lambda x, w: x / torch.sqrt(x.pow(2).sum(-1, keepdim=True) / (x.size(-1) - 1) + eps) * w),
+        Mistake("eps outside the square root",
+                "eps goes inside: x / sqrt(mean(x**2) + eps), not x / (sqrt(mean(x**2)) + eps)",
+                lambda x, w: x / (x.pow(2).mean(-1, keepdim=True).sqrt() + eps) * w),
+        Mistake("eps is missing",
+                "add eps inside the square root: x / sqrt(mean(x**2) + eps) (it keeps a zero vector "
+                "from dividing by 0)",
+                lambda x, w: x / x.pow(2).mean(-1, keepdim=True).sqrt() * w),
+        Mistake("the square root is missing",
+                "divide by the ROOT of the mean square, torch.sqrt(mean(x**2) + eps) (or multiply by "
+                "torch.rsqrt(...))",
+                lambda x, w: x / (x.pow(2).mean(-1, keepdim=True) + eps) * w),
+        Mistake("the gain is not applied",
+                "multiply the normalised x by self.weight (the learned gain, d_model numbers)",
+                lambda x, w: _rms_ref(x, torch.ones_like(w), eps)),
+        Mistake("the gain divides instead of multiplying",
+                "multiply by self.weight, do not divide",
+                lambda x, w: _rms_ref(x, 1 / w, eps)),
+        Mistake("the mean square over the wrong axis (dim 0, the batch)",
+                "normalise each vector over its d_model numbers: mean over the LAST dim, "
+                "mean(-1, keepdim=True)",
+                lambda x, w: x * torch.rsqrt(x.pow(2).mean(0, keepdim=True) + eps) * w),
+        Mistake("the mean square over the wrong axis (dim -2, the positions)",
+                "normalise each vector over its d_model numbers: mean over the LAST dim, "
+                "mean(-1, keepdim=True)",
+                lambda x, w: x * torch.rsqrt(x.pow(2).mean(-2, keepdim=True) + eps) * w),
+        Mistake("one mean square for the whole tensor",
+                "x.pow(2).mean() without a dim averages every number of the batch: take the mean "
+                "over the last dim, mean(-1, keepdim=True), one per vector",
+                lambda x, w: x * torch.rsqrt(x.pow(2).mean() + eps) * w),
+        Mistake("the norm instead of the root mean square",
+                "x.norm(dim=-1) is sqrt(SUM of squares), sqrt(d) times the RMS: use the mean",
+                lambda x, w: x / torch.sqrt(x.pow(2).sum(-1, keepdim=True) + eps) * w),
+    ]
+
+
+# (case, shape of x, eps, scale, shift): d = 6 and 7 make d - 1 differ from d; a mean far from 0
+# makes centring show; tiny x with a large eps makes eps's place show; B, L, d all differ
+_RMS_CASES = [
+    ("x (3, 5, 6), mean about 2, eps=1e-6", (3, 5, 6), 1e-6, 1.0, 2.0),
+    ("x (2, 4, 7), small numbers (about 0.05), eps=1e-2", (2, 4, 7), 1e-2, 0.05, 0.02),
+    ("x (4, 3, 16), eps=1e-5", (4, 3, 16), 1e-5, 3.0, -1.0),
+    ("x (5, 8) float64, eps=1e-6", (5, 8), 1e-6, 1.0, 0.5),
+]
+
+
+@checker
+@_no_raw_errors
+def check_rmsnorm(cls: Any) -> None:
+    """Check ``cls(d_model, eps)``: an ``nn.Module`` with one gain ``weight (d_model,)`` starting at
+    ones, ``forward(x (..., d_model)) -> (..., d_model)`` = ``x / sqrt(mean(x^2) + eps) * weight``."""
+    from ..modern import RMSNorm
+
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    if is_course_lib(cls) or cls is LlamaRMSNorm or cls is getattr(torch.nn, "RMSNorm", None):
+        raise CheckFailure("You handed in a library's RMSNorm (course_lib's, Hugging Face's or "
+                           "PyTorch's, the references): write the formula yourself.")
+    refused = [RMSNorm.forward, LlamaRMSNorm.forward]
+    for n, (case, shape, eps, scale, shift) in enumerate(_RMS_CASES):
+        d = shape[-1]
+        module = _call(cls, d, eps, case=f"building {cls.__name__}({d}, eps={eps})",
+                       hint="The constructor takes (d_model, eps=1e-6).")
+        if not isinstance(module, torch.nn.Module):
+            raise CheckFailure(f"{cls.__name__}({d}, eps={eps}) should be an nn.Module, got "
+                               f"{type(module).__name__} (subclass nn.Module, call super().__init__()).")
+        if torch.nn.RMSNorm is not None and any(isinstance(m, torch.nn.RMSNorm) for m in module.modules()):
+            raise CheckFailure("Your module wraps torch.nn.RMSNorm: write the formula yourself.")
+        params = dict(module.named_parameters())
+        if not params:
+            raise CheckFailure(
+                "Your module has no parameters: RMSNorm keeps a learned gain, self.weight = "
+                f"nn.Parameter(torch.ones(d_model)), and multiplies the normalised x by it.")
+        if len(params) > 1:
+            raise CheckFailure(
+                f"Your module has {len(params)} parameters {sorted(params)}: RMSNorm has ONE, the gain "
+                "weight (d_model,). No bias: that is one of the two things it drops from LayerNorm.")
+        (name, weight), = params.items()
+        if name != "weight":
+            raise CheckFailure(f"Name the gain self.weight, not self.{name}: Hugging Face's "
+                               "LlamaRMSNorm and course_lib call it weight, and the lesson copies "
+                               "weights by that name.")
+        if tuple(weight.shape) != (d,):
+            raise CheckFailure(f"The gain {name} has shape {tuple(weight.shape)}, expected ({d},): one "
+                               "number per feature, nn.Parameter(torch.ones(d_model)).")
+        if not torch.equal(weight.detach(), torch.ones(d)):
+            raise CheckFailure(f"The gain {name} should start at ones (torch.ones(d_model)), so that a "
+                               "new RMSNorm only rescales; it starts at other values.")
+        gen = torch.Generator().manual_seed(n)
+        dtype = torch.float64 if "float64" in case else torch.float32
+        x = (torch.randn(*shape, generator=gen, dtype=torch.float64) * scale + shift).to(dtype)
+        w = torch.randn(d, generator=gen) * 0.5 + 1.0  # a random gain: a forgotten one shows
+        with torch.no_grad():
+            weight.copy_(w)
+        x_before = x.clone()
+        with calls_to(refused) as seen:
+            got = _call(module, x, case=case, hint="x is (..., d_model); normalise over the last dim.")
+        if seen:
+            raise CheckFailure("Your module calls a library's RMSNorm (the reference): write the formula.")
+        if not torch.equal(x, x_before):
+            raise CheckFailure(f"Your forward changes x in place ({case}); compute a new tensor.")
+        if isinstance(got, tuple):
+            raise CheckFailure("Return only the normalised tensor, not a tuple.")
+        expect_shape(got, shape, f"the output ({case})", "RMSNorm keeps the shape: (..., d_model).")
+        if not got.is_floating_point():
+            raise CheckFailure(f"The output has dtype {got.dtype}; it should be floating point.")
+        x64, w64 = x.double(), w.double()
+        _compare64(got, _rms_ref(x64, w64, eps), (x64, w64), _rms_mistakes(eps), case,
+                   "x / sqrt(mean(x**2, last dim) + eps) * weight")
+    print(f"check_rmsnorm: right on all {len(_RMS_CASES)} cases (x / sqrt(mean(x**2) + eps) * weight, "
+          "over the last dim). Well done!")
+
+
+# ----------------------------------------------------------------------------------------------
+# check_swiglu (build: the width and the wiring)
+# ----------------------------------------------------------------------------------------------
+
+
+def _gelu_count(d: int) -> int:
+    return 2 * d * 4 * d  # GPT-2's feed-forward weights at d_ff = 4 d, no biases
+
+
+def _best_d_ff(d: int) -> int:
+    return min(range(1, 8 * d), key=lambda f: (abs(3 * d * f - _gelu_count(d)), f))
+
+
+def _swiglu_ref(x: torch.Tensor, g: torch.Tensor, u: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+    return (F.silu(x @ g.T) * (x @ u.T)) @ o.T
+
+
+_SWIGLU_MISTAKES = [
+    Mistake("gate and up swapped",
+            "SiLU goes on the gate's projection, silu(gate(x)) * up(x), and up's projection passes "
+            "through ungated (Hugging Face's act_fn(gate_proj(x)) * up_proj(x))",
+            lambda x, g, u, o: _swiglu_ref(x, u, g, o)),
+    Mistake("SiLU on the product",
+            "gate first, then multiply: silu(gate(x)) * up(x), not silu(gate(x) * up(x))",
+            lambda x, g, u, o: F.silu((x @ g.T) * (x @ u.T)) @ o.T),
+    Mistake("SiLU on both projections",
+            "only the gate goes through SiLU: silu(gate(x)) * up(x)",
+            lambda x, g, u, o: (F.silu(x @ g.T) * F.silu(x @ u.T)) @ o.T),
+    Mistake("sigmoid instead of SiLU (that is GLU)",
+            "SiLU is z * sigmoid(z) (F.silu); sigmoid alone is the original GLU",
+            lambda x, g, u, o: (torch.sigmoid(x @ g.T) * (x @ u.T)) @ o.T),
+    Mistake("GELU instead of SiLU (that is GEGLU)",
+            "SwiGLU's gate is SiLU (F.silu), z * sigmoid(z)",
+            lambda x, g, u, o: (F.gelu(x @ g.T) * (x @ u.T)) @ o.T),
+    Mistake("ReLU instead of SiLU (that is ReGLU)",
+            "SwiGLU's gate is SiLU (F.silu), z * sigmoid(z)",
+            lambda x, g, u, o: (F.relu(x @ g.T) * (x @ u.T)) @ o.T),
+    Mistake("the gate is added, not multiplied",
+            "the gate multiplies the values elementwise: silu(gate(x)) * up(x)",
+            lambda x, g, u, o: (F.silu(x @ g.T) + (x @ u.T)) @ o.T),
+    Mistake("no gate: up is not used",
+            "the values up(x) are what the gate lets through: down(silu(gate(x)) * up(x))",
+            lambda x, g, u, o: F.silu(x @ g.T) @ o.T),
+]
+
+_SWIGLU_DIMS = (12, 100, 32)  # 8d/3 = 32 exactly; 266.7 (round up, not down); 85.3
+
+
+@checker
+@_no_raw_errors
+def check_swiglu(cls: Any) -> None:
+    """Check ``cls(d_model)``: SwiGLU with ``gate``, ``up`` (d_model -> d_ff) and ``down`` (d_ff ->
+    d_model), no biases, ``d_ff`` chosen so that its weights come closest to a GELU network's at
+    ``4 d_model``; ``forward(x) = down(silu(gate(x)) * up(x))``."""
+    from ..modern import SwiGLU, swiglu_d_ff
+
+    from transformers.models.llama.modeling_llama import LlamaMLP
+
+    if is_course_lib(cls) or cls is LlamaMLP:
+        raise CheckFailure("You handed in a library's SwiGLU (course_lib's or Hugging Face's): build it.")
+    for n, d in enumerate(_SWIGLU_DIMS):
+        case = f"d_model={d}"
+        with calls_to([swiglu_d_ff]) as seen:
+            module = _call(cls, d, case=f"building {cls.__name__}({d})",
+                           hint="The constructor takes d_model only and chooses d_ff itself. A size "
+                                "must be an int: 8 * d_model / 3 is a float, round(...) is an int.")
+        if seen:
+            raise CheckFailure("Your module calls course_lib's swiglu_d_ff, the sizing this exercise "
+                               "asks for: work the width out from the parameter counts.")
+        if not isinstance(module, torch.nn.Module):
+            raise CheckFailure(f"{cls.__name__}({d}) should be an nn.Module, got {type(module).__name__}.")
+        if isinstance(module, SwiGLU) or any(isinstance(m, (SwiGLU, LlamaMLP)) for m in module.modules()):
+            raise CheckFailure("Your module uses a library's SwiGLU: build it from three nn.Linear.")
+        layers = {}
+        for name in ("gate", "up", "down"):
+            layer = getattr(module, name, None)
+            if not isinstance(layer, torch.nn.Linear):
+                raise CheckFailure(
+                    f"Your module has no nn.Linear named {name!r}: name the three projections gate "
+                    "(d_model -> d_ff, through SiLU), up (d_model -> d_ff) and down (d_ff -> d_model).")
+            layers[name] = layer
+        if any(layer.bias is not None for layer in layers.values()):
+            raise CheckFailure("Llama's projections have no biases: nn.Linear(..., bias=False) for "
+                               "gate, up and down.")
+        d_ff = layers["gate"].out_features
+        shapes = {name: (layer.out_features, layer.in_features) for name, layer in layers.items()}
+        if shapes != {"gate": (d_ff, d), "up": (d_ff, d), "down": (d, d_ff)}:
+            raise CheckFailure(
+                f"Shapes ({case}): gate {shapes['gate']}, up {shapes['up']}, down {shapes['down']} "
+                "as (out, in). gate and up map d_model -> d_ff, down maps d_ff -> d_model, with the "
+                "same d_ff.")
+        best = _best_d_ff(d)
+        count, target = 3 * d * d_ff, _gelu_count(d)
+        if d_ff != best:
+            if d_ff == 4 * d:
+                why = ("that is GELU's width, 4 * d_model: with THREE matrices it has 1.5x GELU's "
+                       "weights. Solve 3 * d * d_ff = 2 * d * (4 * d) for d_ff")
+            elif d_ff == (8 * d) // 3 and best == d_ff + 1:
+                why = ("8 * d_model / 3 rounded DOWN (int() or //): round to the nearest int, which "
+                       "comes closer to GELU's count here")
+            elif d_ff in (round(2 * d / 3), (2 * d) // 3):
+                why = "that is 2/3 of d_model; the 2/3 applies to GELU's width 4 * d_model"
+            elif d_ff in (round(4 * d / 3), (4 * d) // 3):
+                why = ("that keeps the weights of one GELU matrix, not of two: GELU has 2 * d * 4d "
+                       "weights, SwiGLU 3 * d * d_ff")
+            else:
+                why = ("solve 3 * d_model * d_ff = 2 * d_model * (4 * d_model) for d_ff and round "
+                       "to the nearest int")
+            raise CheckFailure(
+                f"d_ff = {d_ff} ({case}) gives {count:,} weights, GELU's network {target:,}: {why}.")
+        gen = torch.Generator().manual_seed(n)
+        with torch.no_grad():
+            for layer in layers.values():
+                layer.weight.copy_(torch.randn(layer.weight.shape, generator=gen) * 0.3)
+        x = torch.randn(2, 5, d, generator=gen)
+        got = _call(module, x, case=case, hint="x is (B, L, d_model).")
+        if isinstance(got, tuple):
+            raise CheckFailure("Return only the output tensor, not a tuple.")
+        expect_shape(got, (2, 5, d), f"the output ({case})",
+                     "down maps back to d_model: (B, L, d_model) in and out.")
+        weights = tuple(layers[k].weight.detach() for k in ("gate", "up", "down"))
+        x64 = x.double()
+        _compare64(got, _swiglu_ref(x64, *(w.double() for w in weights)), (x64, *weights),
+                   _SWIGLU_MISTAKES, case, "down(silu(gate(x)) * up(x))")
+    print(f"check_swiglu: right for d_model {', '.join(map(str, _SWIGLU_DIMS))} (d_ff "
+          f"{', '.join(str(_best_d_ff(d)) for d in _SWIGLU_DIMS)}: GELU's weight count, and "
+          "down(silu(gate(x)) * up(x))). Well done!")
+
+
+# ----------------------------------------------------------------------------------------------
+# check_apply_rope (build: from the 2-D rotation to a whole head)
+# ----------------------------------------------------------------------------------------------
+
+
+def _rope_angles(positions: torch.Tensor, hd: int, base: float, *, two: float = 2.0,
+                 sign: float = -1.0, shift: int = 0) -> torch.Tensor:
+    """``(L, hd/2)`` angles ``(positions + shift) * base ** (sign * two * i / hd)``, in float64."""
+    i = torch.arange(hd // 2, dtype=torch.float64)
+    return (positions.double() + shift)[:, None] * base ** (sign * two * i / hd)
+
+
+def _turn_halves(x: torch.Tensor, angles: torch.Tensor, flip: float = 1.0) -> torch.Tensor:
+    """Plane i = (x_i, x_{i + hd/2}) turned by ``flip * angles[:, i]``: the 2-D rotation."""
+    half = x.size(-1) // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    c, s = angles.cos().to(x.dtype), (flip * angles).sin().to(x.dtype)
+    return torch.cat([x1 * c - x2 * s, x1 * s + x2 * c], dim=-1)
+
+
+def _turn_pairs(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
+    a, b = x[..., 0::2], x[..., 1::2]
+    c, s = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    return torch.stack([a * c - b * s, a * s + b * c], dim=-1).flatten(-2)
+
+
+def _apply_rope_mistakes(base: float) -> list[Mistake]:
+    def angles(**kw: Any) -> Callable[..., torch.Tensor]:
+        return lambda p, hd: _rope_angles(p, hd, base, **kw)
+
+    right = angles()
+    return [
+        Mistake("1-based positions",
+                "the first position is 0 (no turn at all); you turned every vector by one position "
+                "too many. Use the positions as given",
+                lambda x, p: _turn_halves(x, angles(shift=1)(p, x.size(-1)))),
+        Mistake("the positions 0..L-1 instead of the positions given",
+                "turn row j by the angle of positions[j], not of j: the positions need not start at "
+                "0 or be consecutive (a KV cache's new token sits at position t)",
+                lambda x, p: _turn_halves(x, right(torch.arange(len(p)), x.size(-1)))),
+        Mistake("the pairs layout (neighbours 2i, 2i+1)",
+                "this exercise uses Hugging Face's layout: plane i is made of numbers i and "
+                "i + head_dim/2 (the two halves), not of neighbours",
+                lambda x, p: _turn_pairs(x, right(p, x.size(-1)))),
+        Mistake("the sine's sign is flipped (turning backwards)",
+                "the 2-D rotation by angle a maps (u, v) to (u cos a - v sin a, u sin a + v cos a): "
+                "the first number LOSES v sin a",
+                lambda x, p: _turn_halves(x, right(p, x.size(-1)), flip=-1.0)),
+        Mistake("frequencies base ** (-i / head_dim): the 2 is missing",
+                "theta_i = base ** (-2 i / head_dim) for i = 0 .. head_dim/2 - 1 (or "
+                "base ** (-torch.arange(0, head_dim, 2) / head_dim))",
+                lambda x, p: _turn_halves(x, angles(two=1.0)(p, x.size(-1)))),
+        Mistake("frequencies base ** (+2i / head_dim): the minus is missing",
+                "theta_i = base ** (-2 i / head_dim) = 1 / base ** (2 i / head_dim): the first plane "
+                "turns fastest (1 radian per position), the last slowest",
+                lambda x, p: _turn_halves(x, angles(sign=1.0)(p, x.size(-1)))),
+        Mistake("frequencies base ** (-4i / head_dim): 2i with i stepping by 2",
+                "use i = 0, 1, ..., head_dim/2 - 1 with 2i in the exponent, or torch.arange(0, "
+                "head_dim, 2) without another factor 2",
+                lambda x, p: _turn_halves(x, angles(two=4.0)(p, x.size(-1)))),
+        Mistake("cos and sin swapped",
+                "at position 0 (angle 0) x must come out unchanged: cos goes with the number "
+                "itself, sin with its partner",
+                lambda x, p: (lambda a: _turn_halves(x, torch.pi / 2 - a))(right(p, x.size(-1)))),
+        Mistake("only the first half is turned",
+                "a plane's rotation changes BOTH its numbers: (x1 cos - x2 sin, x1 sin + x2 cos)",
+                lambda x, p: torch.cat([_turn_halves(x, right(p, x.size(-1)))[..., : x.size(-1) // 2],
+                                        x[..., x.size(-1) // 2:]], dim=-1)),
+    ]
+
+
+_APPLY_ROPE_CASES = [  # (case, shape of x, base, positions kind, dtype)
+    ("x (2, 3, 6, 8), random positions", (2, 3, 6, 8), 10000.0, "random", torch.float32),
+    ("x (1, 2, 5, 12), base 500, positions 7..11 (a cache's offset)", (1, 2, 5, 12), 500.0, "offset",
+     torch.float32),
+    ("x (3, 4, 16) (no heads dim), random positions", (3, 4, 16), 10000.0, "random", torch.float32),
+    ("x (1, 1, 6, 10) in float64, random positions", (1, 1, 6, 10), 10000.0, "random", torch.float64),
+]
+
+
+def _apply_rope_inputs(n: int) -> tuple[torch.Tensor, torch.Tensor, float]:
+    _, shape, base, kind, dtype = _APPLY_ROPE_CASES[n]
+    gen = torch.Generator().manual_seed(100 + n)
+    x = torch.randn(*shape, generator=gen, dtype=torch.float64).to(dtype)
+    L = shape[-2]
+    positions = (torch.arange(7, 7 + L) if kind == "offset"
+                 else torch.randperm(40, generator=gen)[:L])
+    return x, positions, base
+
+
+def _apply_rope_right_on(fn: Callable[..., Any], cases: list[int]) -> list[int]:
+    """The cases among ``cases`` that ``fn`` gets right (used to spot a hard-coded head_dim)."""
+    ok = []
+    for m in cases:
+        x, p, base = _apply_rope_inputs(m)
+        try:
+            got = fn(x.clone(), p.clone(), base)
+        except Exception:
+            continue
+        if _close64(got, _turn_halves(x.double(), _rope_angles(p, x.size(-1), base))):
+            ok.append(m)
+    return ok
+
+
+def _one_head_dim_rope(fn: Callable[..., Any], n: int) -> str:
+    """A sentence if ``fn`` is right only for a head_dim other than case ``n``'s, else ''."""
+    hd = _APPLY_ROPE_CASES[n][1][-1]
+    others = [m for m in _apply_rope_right_on(fn, list(range(len(_APPLY_ROPE_CASES))))
+              if _APPLY_ROPE_CASES[m][1][-1] != hd]
+    if not others:
+        return ""
+    return (f"Only right for another head_dim ({_APPLY_ROPE_CASES[n][0]} has head_dim {hd}): take "
+            "the sizes from x (x.size(-1) // 2), not from a number you wrote.")
+
+
+@checker
+@_no_raw_errors
+def check_apply_rope(fn: Callable[..., Any]) -> None:
+    """Check ``fn(x (..., L, hd), positions (L,), base) -> (..., L, hd)``: RoPE in the halves layout,
+    plane i = numbers (i, i + hd/2) turned by ``positions * base ** (-2i / hd)``."""
+    from transformers.models.llama import modeling_llama as hf
+
+    from ..rope import rotate_half, rotate_pairs
+
+    if is_course_lib(fn) or fn in (hf.apply_rotary_pos_emb, hf.rotate_half):
+        raise CheckFailure("You handed in a library's rotary function: write the rotation yourself.")
+    refused = [apply_rotary, RotaryEmbedding.forward, RotaryEmbedding.__init__, rotary_frequencies,
+               rotate_half, rotate_pairs, hf.apply_rotary_pos_emb, hf.rotate_half,
+               hf.LlamaRotaryEmbedding.forward]
+    for n, (case, shape, base, _, dtype) in enumerate(_APPLY_ROPE_CASES):
+        x, positions, base = _apply_rope_inputs(n)
+        before = (x.clone(), positions.clone())
+        with calls_to(refused) as seen:
+            try:
+                got = _call(fn, x, positions, base, case=case,
+                            hint="x is (..., L, head_dim), positions an int tensor (L,), base a float.")
+            except CheckFailure as failure:
+                failed = failure
+            else:
+                failed = None
+        if failed is not None:
+            if not seen and _one_head_dim_rope(fn, n):
+                raise CheckFailure(_one_head_dim_rope(fn, n)) from failed
+            raise failed
+        if seen:
+            raise CheckFailure("Your function calls a library's rotary code (course_lib's or Hugging "
+                               "Face's): build the angles and the rotation yourself.")
+        if not (torch.equal(x, before[0]) and torch.equal(positions, before[1])):
+            raise CheckFailure(f"Your function changes x or positions in place ({case}).")
+        if isinstance(got, tuple):
+            raise CheckFailure("Return only the turned x, not a tuple.")
+        expect_shape(got, shape, f"the turned x ({case})", "RoPE keeps the shape of x.")
+        if not got.is_floating_point() or not torch.isfinite(got).all():
+            raise CheckFailure(f"The output ({case}) is not a finite floating-point tensor.")
+        x64 = x.double()
+        expected = _turn_halves(x64, _rope_angles(positions, shape[-1], base))
+        if not _close64(got, expected) and _one_head_dim_rope(fn, n):
+            raise CheckFailure(_one_head_dim_rope(fn, n))
+        _compare64(got, expected, (x64, positions), _apply_rope_mistakes(base), case,
+                   "the 2-D rotation of every plane (x_i, x_{i + head_dim/2})")
+    print(f"check_apply_rope: right on all {len(_APPLY_ROPE_CASES)} cases (every plane (x_i, "
+          "x_{i + head_dim/2}) turned by position * base ** (-2i / head_dim)). Well done!")
+
+
+# ----------------------------------------------------------------------------------------------
+# check_rope_decode (build ★★★: one decoding step with a KV cache, rotary positions at offset t)
+# ----------------------------------------------------------------------------------------------
+
+
+def _decode_sim(layer: MultiHeadAttention, x: torch.Tensor, base: float, knob: str = "") -> torch.Tensor:
+    """The whole decoding loop in float64, with one mistake ``knob`` (or none): ``(B, T, d_model)``."""
+    W = {n: getattr(layer, n) for n in ("q_proj", "k_proj", "v_proj", "out_proj")}
+
+    def lin(name: str, t: torch.Tensor) -> torch.Tensor:
+        m = W[name]
+        out = t @ m.weight.double().T
+        return out + m.bias.double() if m.bias is not None else out
+
+    B, T, d = x.shape
+    h, kv, hd = layer.num_heads, layer.num_kv_heads, layer.head_dim
+    group = h // kv
+    x = x.double()
+
+    def turn(t: torch.Tensor, pos: int | torch.Tensor) -> torch.Tensor:
+        p = torch.as_tensor(pos).reshape(-1)
+        return _turn_halves(t, _rope_angles(p, hd, base))
+
+    ks, vs, outs = [], [], []
+    for t in range(T):
+        xt = x[:, t : t + 1]  # (B, 1, d)
+        q = lin("q_proj", xt).view(B, 1, h, hd).transpose(1, 2)  # (B, h, 1, hd)
+        k = lin("k_proj", xt).view(B, 1, kv, hd).transpose(1, 2)  # (B, kv, 1, hd)
+        v = lin("v_proj", xt).view(B, 1, kv, hd).transpose(1, 2)
+        pos = {"pos0": 0, "one_based": t + 1}.get(knob, t)
+        if knob != "q_unturned":
+            q = turn(q, pos)
+        if knob not in ("k_unturned",):
+            k = turn(k, pos)
+        if knob == "turn_v":
+            v = turn(v, pos)
+        ks.append(k)
+        vs.append(v)
+        K, V = torch.cat(ks, dim=2), torch.cat(vs, dim=2)  # (B, kv, t + 1, hd)
+        if knob == "turned_twice":
+            K = turn(K, torch.arange(t + 1))
+        if knob == "past_only":
+            K, V = K[:, :, :-1], V[:, :, :-1]
+        if knob == "new_only":
+            K, V = K[:, :, -1:], V[:, :, -1:]
+        if K.size(2) == 0:
+            heads = torch.zeros_like(q)
+        else:
+            index = torch.arange(h) % kv if knob == "modulo" else torch.arange(h) // group
+            K, V = K[:, index], V[:, index]
+            scale = 1.0 if knob == "no_scale" else 1 / math.sqrt(hd)
+            heads = (q @ K.transpose(-2, -1) * scale).softmax(-1) @ V  # (B, h, 1, hd)
+        outs.append(lin("out_proj", heads.transpose(1, 2).reshape(B, 1, d)))
+    return torch.cat(outs, dim=1)
+
+
+_DECODE_MISTAKES = [
+    ("pos0", "every step turned at position 0",
+     "the new query and key sit at position t (the number of cached positions), not 0: at position "
+     "0 RoPE turns nothing, so the model loses all order. Turn both by positions tensor([t])"),
+    ("q_unturned", "the query is not turned",
+     "turn the new query too, by the same position t as its key: the score sees the difference of "
+     "their angles"),
+    ("k_unturned", "the keys are never turned",
+     "turn each key by its own position before it goes into the cache (or turn the whole cache by "
+     "0..t each step): the score sees the difference of the query's and the key's angles"),
+    ("turn_v", "the values are turned too",
+     "RoPE turns queries and keys only; the values are mixed as they are"),
+    ("turned_twice", "the cached keys are turned twice",
+     "a key turned when it entered the cache is turned again by 0..t: turn each key once, either when "
+     "it enters the cache or (with unturned keys in the cache) at every step, not both"),
+    ("past_only", "the new token does not see itself",
+     "append the new key and value to the cache BEFORE attending: the query at t attends to "
+     "positions 0..t, itself included (the causal mask allows the diagonal)"),
+    ("new_only", "the cache is not used",
+     "the query must attend to every cached position and the new one: torch.cat the cache and the "
+     "new key/value along the positions (dim 2)"),
+    ("modulo", "KV heads paired as i % num_kv_heads",
+     "query head i uses KV head i // (num_heads // num_kv_heads): repeat_interleave, not repeat"),
+    ("no_scale", "no 1/sqrt(head_dim) scaling",
+     "divide the scores by sqrt(head_dim)"),
+]
+
+# (case, d_model, heads, KV heads, B, T, bias): 6 heads : 2 KV heads tells i // 3 from i % 2
+_DECODE_CASES = [
+    ("d_model 48, 6 heads, 2 KV heads, B=2, 7 steps", 48, 6, 2, 2, 7, True),
+    ("d_model 32, 4 heads, 1 KV head, B=1, 6 steps, no biases", 32, 4, 1, 1, 6, False),
+    ("d_model 40, 2 heads, 2 KV heads (head_dim 20), B=3, 5 steps", 40, 2, 2, 3, 5, True),
+]
+DECODE_BASE = 10000.0
+
+
+@checker
+@_no_raw_errors
+def check_rope_decode(fn: Callable[..., Any]) -> None:
+    """Check ``fn(layer, x_t (B, 1, d_model), t, cache) -> (out (B, 1, d_model), (k, v))``, one
+    decoding step of rotary grouped-query self-attention; run for T steps it must give what the
+    whole sequence gives at once (cached = recomputed)."""
+    from transformers.models.llama import modeling_llama as hf
+
+    from ..masks import causal_mask
+
+    if is_course_lib(fn):
+        raise CheckFailure("You handed in one of course_lib's functions: write the decoding step.")
+    refused = [RotaryEmbedding.forward, hf.apply_rotary_pos_emb, MultiHeadAttention.forward]
+    for n, (case, d, h, kv, B, T, bias) in enumerate(_DECODE_CASES):
+        gen = torch.Generator().manual_seed(200 + n)
+        torch.manual_seed(200 + n)
+        layer = MultiHeadAttention(d, h, num_kv_heads=kv, bias=bias).eval()
+        with torch.no_grad():
+            for p in layer.parameters():
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.4)
+        reference = MultiHeadAttention(d, h, num_kv_heads=kv, bias=bias,
+                                       rotary=RotaryEmbedding(d // h, T, DECODE_BASE)).eval()
+        reference.load_state_dict(layer.state_dict())
+        x = torch.randn(B, T, d, generator=gen)
+        with torch.no_grad():
+            expected = reference(x, x, x, causal_mask(T))  # (B, T, d): recomputed, all at once
+        cache, outs = None, []
+        for t in range(T):
+            x_t = x[:, t : t + 1].clone()
+            with calls_to(refused) as seen, torch.no_grad():
+                result = _call(fn, layer, x_t, t, cache, case=f"{case}, step t={t}",
+                               hint="Arguments: layer, x_t (B, 1, d_model), t (int), cache ((k, v) or "
+                                    "None at t = 0); return (out (B, 1, d_model), (k, v)).")
+            if seen:
+                raise CheckFailure("Your step calls a library's rotary layer (course_lib's "
+                                   "RotaryEmbedding or MultiHeadAttention.forward, or Hugging "
+                                   "Face's apply_rotary_pos_emb): turn the queries and keys with "
+                                   "rope_at, at the position you work out.")
+            if not torch.equal(x_t, x[:, t : t + 1]):
+                raise CheckFailure(f"Your step changes x_t in place ({case}, t={t}).")
+            if not (isinstance(result, tuple) and len(result) == 2):
+                raise CheckFailure(
+                    f"Return a pair (out, cache) ({case}, t={t}), got {type(result).__name__}: out "
+                    "(B, 1, d_model) and the new cache (k, v).")
+            out, cache = result
+            if not (isinstance(cache, (tuple, list)) and len(cache) == 2
+                    and all(isinstance(c, torch.Tensor) for c in cache)):
+                raise CheckFailure(f"The cache you return ({case}, t={t}) should be a pair of "
+                                   "tensors (k, v), each (B, num_kv_heads, t + 1, head_dim).")
+            want = (B, kv, t + 1, d // h)
+            for name, c in zip("kv", cache):
+                if tuple(c.shape) != want:
+                    raise CheckFailure(
+                        f"The cached {name} has shape {tuple(c.shape)} after step t={t} ({case}); "
+                        f"expected {want}: (B, num_kv_heads, positions so far, head_dim), one new "
+                        "position appended per step (torch.cat along dim 2). Keep num_kv_heads "
+                        "heads in the cache: repeat them for the query heads only when attending.")
+            expect_shape(out, (B, 1, d), f"out ({case}, t={t})",
+                         "out is the layer's output for the new position: (B, 1, d_model), after "
+                         "merging the heads and layer.out_proj.")
+            outs.append(_f64(out))
+        got = torch.cat(outs, dim=1)  # (B, T, d)
+        if _close64(got, expected, atol=1e-4):
+            continue
+        for knob, name, hint in _DECODE_MISTAKES:
+            if _close64(got, _decode_sim(layer, x, DECODE_BASE, knob), atol=1e-4):
+                raise CheckFailure(f"Likely mistake ({case}): {name}. {hint}.")
+        first = next(t for t in range(T) if not _close64(got[:, t], _f64(expected[:, t]), atol=1e-4))
+        raise CheckFailure(
+            f"Decoded step by step, the outputs differ from the whole sequence computed at once "
+            f"({case}); the first wrong step is t={first}, largest difference "
+            f"{(got - _f64(expected)).abs().max().item():.3g}. None of the usual mistakes explains "
+            "it. Check, at step t: q and k turned by position t, the cache appended before "
+            "attending, KV head i // group for query head i, 1/sqrt(head_dim).")
+    print(f"check_rope_decode: on all {len(_DECODE_CASES)} cases, decoding step by step with your "
+          "cache gives what the whole sequence gives at once. Well done!")

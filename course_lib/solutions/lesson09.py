@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from course_lib import causal_mask
 
@@ -41,3 +42,62 @@ def port_attention(ours, theirs):
         theirs.c_attn.bias.copy_(torch.cat([ours.q_proj.bias, ours.k_proj.bias, ours.v_proj.bias]))
         theirs.c_proj.weight.copy_(ours.out_proj.weight.t())  # (d, d), transposed
         theirs.c_proj.bias.copy_(ours.out_proj.bias)
+
+
+# %% solution 09.lm_loss
+def my_lm_loss(model, window):
+    """window (B, T+1) ids -> the mean next-character loss over all B*T positions (a 0-dim tensor)."""
+    x, y = window[:, :-1], window[:, 1:]  # (B, T) inputs; (B, T) targets: the next character
+    logits = model(x)  # (B, T, V)
+    V = logits.size(-1)
+    return F.cross_entropy(logits.reshape(-1, V), y.reshape(-1))  # (B*T, V) against (B*T,)
+
+
+# %% solution 09.generate
+def my_generate(model, ids, max_new_tokens, temperature=1.0, top_k=None, generator=None):
+    """Continue ids (B, T) by max_new_tokens sampled tokens -> (B, T + max_new_tokens)."""
+    out = ids
+    for _ in range(max_new_tokens):
+        context = out[:, -model.config.max_len:]  # (B, <= max_len): learned positions end there
+        with torch.no_grad():
+            logits = model(context)[:, -1] / temperature  # (B, V): the last position predicts
+        if top_k is not None:
+            kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, -1:]  # (B, 1)
+            logits = logits.masked_fill(logits < kth, float("-inf"))  # keep the top k
+        probs = logits.softmax(dim=-1)  # (B, V)
+        next_id = torch.multinomial(probs, 1, generator=generator)  # (B, 1)
+        out = torch.cat([out, next_id], dim=1)  # (B, T + 1)
+    return out
+
+
+# %% solution 09.lm_train
+def my_lm_train(model, batches, recipe):
+    """Train `model` one step per (x, y) in `batches` with the recipe; return the step losses."""
+    import math
+
+    decay = [p for p in model.parameters() if p.dim() >= 2]  # matrices: projections, token table
+    no_decay = [p for p in model.parameters() if p.dim() < 2]  # biases, LayerNorm gains
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": recipe.weight_decay},
+         {"params": no_decay, "weight_decay": 0.0}], lr=recipe.lr, betas=recipe.betas)
+
+    def factor(step):  # warm-up to 1, then a cosine down to min_lr / lr
+        if step < recipe.warmup:
+            return (step + 1) / (recipe.warmup + 1)
+        progress = min(1.0, (step - recipe.warmup) / (recipe.num_steps - recipe.warmup))
+        low = recipe.min_lr / recipe.lr
+        return low + 0.5 * (1 + math.cos(math.pi * progress)) * (1 - low)
+
+    losses = []
+    model.train()
+    for step, (x, y) in enumerate(batches):
+        for group in optimizer.param_groups:
+            group["lr"] = recipe.lr * factor(step)
+        logits = model(x)  # (B, T, V)
+        loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1))
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.max_grad_norm)
+        optimizer.step()
+        losses.append(loss.item())
+    return losses

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from course_lib.tokenization import pre_tokenize
+
 
 # %% solution 10.token_counts
 def predicted_token_counts():
@@ -34,9 +36,48 @@ def merge(ids, pair, new_id):
     return out
 
 
+# %% solution 10.train_bpe
+def train_bpe(text, num_merges):
+    # BPE's training loop on the chunks of `text`, each chunk a list of byte ids.
+    words = [list(chunk.encode("utf-8")) for chunk in pre_tokenize(text)]
+    merges = {}
+    for i in range(num_merges):
+        counts = {}
+        for word in words:  # every adjacent pair inside each chunk, every occurrence
+            for pair in zip(word, word[1:]):
+                counts[pair] = counts.get(pair, 0) + 1
+        if not counts:
+            break
+        # the most frequent pair; a tie goes to the smallest pair (a, b)
+        pair = max(counts, key=lambda p: (counts[p], -p[0], -p[1]))
+        if counts[pair] < 2:  # the course's rule: stop when no pair occurs twice
+            break
+        new_id = 256 + i
+        merges[pair] = new_id
+        words = [merge(word, pair, new_id) for word in words]  # your merge from exercise 1
+    return merges
+
+
+# %% solution 10.bpe_encode
+def bpe_encode(text, merges):
+    # Byte-level BPE encoding: merge inside each chunk, the earliest-learned pair first.
+    ids = []
+    for chunk in pre_tokenize(text):
+        chunk_ids = list(chunk.encode("utf-8"))
+        while len(chunk_ids) >= 2:
+            pairs = set(zip(chunk_ids, chunk_ids[1:]))
+            # the pair with the lowest new id (learned first); pairs that are not merges last
+            pair = min(pairs, key=lambda p: merges.get(p, float("inf")))
+            if pair not in merges:
+                break  # no adjacent pair is a merge: the chunk is done
+            chunk_ids = merge(chunk_ids, pair, merges[pair])
+        ids.extend(chunk_ids)
+    return ids
+
+
 # %% solution 10.wordpiece
 def wordpiece(word, vocab):
-    # Greedy longest-match-first (BERT's WordPiece) on one word.
+    # Greedy longest-match-first (BERT's WordPiece) on one word; it never goes back.
     if len(word) > 100:  # BERT's max_input_chars_per_word
         return ["[UNK]"]
     pieces = []

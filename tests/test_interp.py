@@ -37,7 +37,7 @@ def ids(batch=3, n=11, seed=1, vocab=64):
 def test_attn_only_has_no_feed_forward_parameters_and_adds_nothing():
     full, attn = GPT(induction_config(attn_only=False)), GPT(induction_config())
     assert not any("feed_forward" in n or "norm2" in n for n, _ in attn.named_parameters())
-    d = 64
+    d = 128
     per_layer = 4 * (d * d + d)  # q, k, v, out projections with biases
     V, layers = 64, 2
     assert sum(p.numel() for p in attn.parameters()) == V * d + layers * (per_layer + 2 * d) + 2 * d
@@ -119,13 +119,13 @@ def test_zero_ablation_equals_removing_the_head_by_hand():
     model, x = random_model(), ids()
     z = interp.head_outputs(model, x)
     attn1 = model.blocks.layers[1].self_attn
-    w_o = attn1.out_proj.weight.view(64, 4, 16)  # (d, h, hd)
+    w_o = attn1.out_proj.weight.view(128, 4, 32)  # (d, h, hd)
     with torch.no_grad():
         expected_resid_change = z[1][:, :, 3] @ w_o[:, 3].T  # what head 1.3 adds (B, T, d)
         # layer 1 is the last: ablating it changes the final stream by exactly that
         norm = model.blocks.norm
         x0 = model.embed(x)
-        x1 = x0 + torch.einsum("bthk,dhk->btd", z[0], model.blocks.layers[0].self_attn.out_proj.weight.view(64, 4, 16)) \
+        x1 = x0 + torch.einsum("bthk,dhk->btd", z[0], model.blocks.layers[0].self_attn.out_proj.weight.view(128, 4, 32)) \
             + model.blocks.layers[0].self_attn.out_proj.bias
         x2 = x1 + torch.einsum("bthk,dhk->btd", z[1], w_o) + attn1.out_proj.bias
         expected = model.lm_head(norm(x2 - expected_resid_change))
@@ -190,7 +190,7 @@ def test_key_path_ablation_keeps_scores_when_the_head_writes_nothing():
     n = x.size(1) // 2
     full = interp.induction_score(interp.attention_patterns(model, x)[1], n)
     with torch.no_grad():
-        model.blocks.layers[0].self_attn.out_proj.weight.view(64, 4, 16)[:, 2] = 0.0
+        model.blocks.layers[0].self_attn.out_proj.weight.view(128, 4, 32)[:, 2] = 0.0
     full = interp.induction_score(interp.attention_patterns(model, x)[1], n)
     torch.testing.assert_close(interp.key_path_ablation(model, x, 2), full)
     assert not torch.allclose(interp.key_path_ablation(model, x, 1), full)

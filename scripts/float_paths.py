@@ -20,10 +20,21 @@ from the native path), ``avx2`` and, where the CPU has it, ``avx512``.
   (``torch.set_num_threads``) with 2 threads, one process;
 * every lesson with the solutions in place of the stubs (``tests/notebooks_with_solutions.py``).
 
-``--plan paired`` pairs the dimensions instead of crossing them. `make test` already runs everything
-on the native path with 1 thread per process; the paired plan runs, on each given path, the tests
-that train and the lessons that do not pin threads with 2 threads, and the lessons that pin their
-threads once. So every path and every thread count is run, but not every combination of them.
+``--plan paired`` pairs the dimensions instead of crossing them (CI runs it on ``default``). `make
+test` already runs everything on the native path with 1 thread per process; the paired plan runs, on
+each given path:
+
+* the tests that train, with 2 threads (one process): the thread count is paired with them;
+* strict nbval of the lessons whose stored outputs depend on the float path, with 1 thread, two side
+  by side (as `make test`). A lesson depends on it by rule (``depends_on_float_path``): it has a cell
+  tagged ``nbval-ignore-output`` that is not a reveal cell, the tag the course gives
+  every output that differs between CPUs (tests/test_notebook_outputs.py, README "Numbers on your
+  machine"). A new lesson that trains, e.g. lesson 12, has such cells and is included with no edit
+  here. A lesson without them claims the same output on every path; that claim is checked on every
+  path by the full plan (`make test-portability`), and natively by `make test`.
+
+So every path and both thread counts run, not every combination: no lesson runs with 2 threads and
+no solutions run on the second path (both are in the full plan).
 
 It prints one line per run and a summary, and exits 1 if any run failed (pytest's exit code 5, "no
 tests collected", is not a failure: e.g. no lesson pins its threads).
@@ -32,6 +43,7 @@ tests collected", is not a failure: e.g. no lesson pins its threads).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -78,6 +90,15 @@ def pins_threads(notebook: Path) -> bool:
     return "torch.set_num_threads(" in notebook.read_text()
 
 
+def depends_on_float_path(notebook: Path) -> bool:
+    """Whether a lesson stores an output that differs between float paths: a code cell tagged
+    ``nbval-ignore-output`` that is not a reveal cell (those carry the tag but store no output), as
+    tests/test_notebook_outputs.py counts them for the README's table."""
+    cells = json.loads(notebook.read_text(encoding="utf-8"))["cells"]
+    return any(c["cell_type"] == "code" and "nbval-ignore-output" in c.get("metadata", {}).get("tags", [])
+               and not c.get("metadata", {}).get("reveals") for c in cells)
+
+
 def runs(path: str, plan: str = "full") -> list[tuple[str, dict[str, str], list[str]]]:
     """(label, environment changes, pytest arguments) for one float path."""
     every = [str(nb.relative_to(ROOT)) for nb in NOTEBOOKS]
@@ -86,16 +107,16 @@ def runs(path: str, plan: str = "full") -> list[tuple[str, dict[str, str], list[
     training = training_tests()
     one, two = {"ATEN_CPU_CAPABILITY": path, "OMP_NUM_THREADS": "1"}, \
         {"ATEN_CPU_CAPABILITY": path, "OMP_NUM_THREADS": "2"}
-    out = [("training tests and strict nbval of the lessons that do not pin threads, 2 threads", two,
-            [*training, "--nbval", *free, *NBVAL])]
-    if plan == "full":
-        out.insert(0, ("training tests and strict nbval of every lesson, 1 thread, 2 side by side", one,
-                       [*SIDE_BY_SIDE, *training, "--nbval", *every, *NBVAL]))
-        out.append(("every lesson with its solutions", {"ATEN_CPU_CAPABILITY": path}, SOLUTIONS))
-    elif pinned:
-        out.append(("strict nbval of the lessons that pin their threads, 2 side by side",
-                    {"ATEN_CPU_CAPABILITY": path}, [*SIDE_BY_SIDE, "--nbval", *pinned, *NBVAL]))
-    return out
+    if plan == "paired":
+        dependent = [str(nb.relative_to(ROOT)) for nb in NOTEBOOKS if depends_on_float_path(nb)]
+        return [("training tests, 2 threads", two, training),
+                ("strict nbval of the lessons whose outputs depend on the float path, 1 thread, "
+                 "2 side by side", one, [*SIDE_BY_SIDE, "--nbval", *dependent, *NBVAL])]
+    return [("training tests and strict nbval of every lesson, 1 thread, 2 side by side", one,
+             [*SIDE_BY_SIDE, *training, "--nbval", *every, *NBVAL]),
+            ("training tests and strict nbval of the lessons that do not pin threads, 2 threads", two,
+             [*training, "--nbval", *free, *NBVAL]),
+            ("every lesson with its solutions", {"ATEN_CPU_CAPABILITY": path}, SOLUTIONS)]
 
 
 def main() -> int:

@@ -1,0 +1,733 @@
+"""Checkers for the exercises of lesson 12 (inside a trained model: induction heads).
+
+* ``check_induction_score(fn)``: ``fn(pattern (B, h, 2n, 2n), length) -> (h,)``, the induction
+  score. Reference: ``interp.induction_score`` on random causal patterns (rows sum to 1), in float64.
+* ``check_predict_layers(prediction, model, ids)``: the Predict question "in which layer is the
+  previous-token head, in which the induction heads?"; ``prediction`` is a function returning
+  ``{"previous_token": layer, "induction": layer}`` (or that dict). The truth comes from
+  ``interp.head_scores`` of ``model`` on ``ids = [r, r]``.
+* ``check_ablation_hook(fn)``: ``fn(head, num_heads, mean=None) -> hook``, a forward pre-hook for
+  ``out_proj`` that zero- or mean-ablates one head. Reference: ``interp.ablation_hook``, compared
+  through a random attention-only GPT's logits.
+* ``check_patching_hook(fn)``: ``fn(head, num_heads, clean (B, T, h, hd), position=None) -> hook``,
+  the fixed patching hook (the Debug exercise). Reference: ``interp.patching_hook``.
+* ``check_patching_table(fn)``: ``fn(model, clean, corrupted) -> (num_layers, h)``, activation
+  patching. Reference: ``interp.patching_table`` on the trained checkpoint and a random model.
+
+Every checker leaves the global random state as it was and removes every hook it registers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import numbers
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from .. import interp
+from ..gpt import GPT
+from ..induction import induction_config, load_checkpoint, repeated_tokens
+from ._common import CheckFailure, calls_to, checker, is_course_lib
+
+__all__ = ["check_induction_score", "check_predict_layers", "check_ablation_hook",
+           "check_patching_hook", "check_patching_table"]
+
+
+@contextlib.contextmanager
+def _one_thread() -> Iterator[None]:
+    """Run a checker's tiny models on one thread (faster than two on a busy machine); restore."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _no_raw_errors(body: Callable[..., None]) -> Callable[..., None]:
+    """Run a checker's body in a forked random state, without gradients, on one thread; anything
+    but a verdict becomes a ``CheckFailure`` that says so."""
+
+    def run(*args: Any) -> None:
+        try:
+            with torch.random.fork_rng(devices=[]), torch.no_grad(), _one_thread():
+                body(*args)
+        except (NotImplementedError, CheckFailure):
+            raise
+        except Exception as err:  # a learner's object the checker could not use
+            raise CheckFailure(
+                f"The checker could not use your answer: {type(err).__name__}: {err}. Check that it "
+                "has the signature the exercise gives and returns what the exercise asks for."
+            ) from err
+
+    run.__name__ = body.__name__
+    return run
+
+
+def _call(fn: Callable[..., Any], *args: Any, case: str, hint: str) -> Any:
+    try:
+        return fn(*args)
+    except (NotImplementedError, CheckFailure):
+        raise
+    except Exception as err:
+        raise CheckFailure(f"Your code raised {type(err).__name__} ({case}): {err}. {hint}") from err
+
+
+def _refuse_reference(fn: Any, what: str) -> None:
+    if is_course_lib(fn):
+        raise CheckFailure(f"You handed in one of course_lib's own functions: write {what} yourself.")
+
+
+def _close(got: torch.Tensor, expected: torch.Tensor, atol: float) -> bool:
+    return (got.shape == expected.shape
+            and torch.allclose(got.double(), expected.double(), atol=atol, rtol=1e-4))
+
+
+def _as_tensor(got: Any, shape: tuple[int, ...], what: str, fix: str) -> torch.Tensor:
+    if not isinstance(got, torch.Tensor):
+        raise CheckFailure(f"Wrong type: {what} should be a torch.Tensor, got {type(got).__name__}.")
+    if tuple(got.shape) != shape:
+        raise CheckFailure(f"Wrong output shape: {what} has shape {tuple(got.shape)}, expected "
+                           f"{shape}. {fix}".strip())
+    if not got.is_floating_point():
+        raise CheckFailure(f"{what} has dtype {got.dtype}; it holds fractions, so it must be a "
+                           "float tensor.")
+    if not torch.isfinite(got).all():
+        raise CheckFailure(f"{what} contains NaN or inf.")
+    return got.detach()
+
+
+# ----------------------------------------------------------------------------------------------
+# check_induction_score (build, ★)
+# ----------------------------------------------------------------------------------------------
+
+_SCORE_CASES = [(2, 3, 5), (3, 4, 8), (1, 2, 11), (4, 5, 3)]  # (B, h, n)
+
+
+def _random_pattern(B: int, h: int, n: int, seed: int) -> torch.Tensor:
+    """A causal attention pattern ``(B, h, 2n, 2n)`` in float64: rows of random, uneven weights
+    that sum to 1 (softmax of scores with spread 2), nothing above the diagonal."""
+    gen = torch.Generator().manual_seed(seed)
+    T = 2 * n
+    scores = 2.0 * torch.randn(B, h, T, T, generator=gen, dtype=torch.float64)
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    return scores.masked_fill(~causal, float("-inf")).softmax(dim=-1)
+
+
+def _induction_diagonal(pattern: torch.Tensor, n: int) -> torch.Tensor:
+    """``(B, h, n + 1)``: the weight from i to i - n + 1 for i = n - 1 .. 2n - 1."""
+    return pattern.diagonal(offset=-(n - 1), dim1=-2, dim2=-1)
+
+
+def _score_mistakes(pattern: torch.Tensor, n: int) -> list[tuple[str, torch.Tensor]]:
+    """``(message, (h,) scores)`` of the usual mistakes, in float64."""
+    d = _induction_diagonal(pattern, n)  # index k is query i = n - 1 + k
+    T = pattern.size(-1)
+    whole_all = torch.stack([pattern[:, :, i, i - n + 1] if i - n + 1 >= 0
+                             else torch.zeros(pattern.shape[:2], dtype=pattern.dtype)
+                             for i in range(T)], dim=-1).mean(dim=(0, 2))
+    return [
+        ("offset i - n: that is the duplicate-token score (the earlier copy of the same token), "
+         "not the induction score", pattern.diagonal(offset=-n, dim1=-2, dim2=-1).mean(dim=(0, 2))),
+        ("the key and query axes are swapped: pattern[b, h, i, j] is the weight that query i puts on "
+         "key j, so read row i, column i - n + 1 (the pattern is causal: above the diagonal it is 0)",
+         _induction_diagonal(pattern.transpose(-1, -2), n).mean(dim=(0, 2))),
+        ("averaged over the whole sequence, not only the second copy: the first copy's tokens have "
+         "not been seen before, so an induction head has nothing to look up there; take the queries "
+         "i = n .. 2n-1", d.mean(dim=(0, 2))),
+        ("averaged over every query of the whole sequence (counting 0 where i - n + 1 is missing): "
+         "take only the queries of the second copy, i = n .. 2n-1", whole_all),
+        ("the queries are shifted by one: you took i = n-1 .. 2n-2, the second copy is i = n .. 2n-1",
+         d[..., :n].mean(dim=(0, 2))),
+        ("the last query is missing: i runs over n .. 2n-1, all n positions of the second copy "
+         "(Python's range and slices stop one before their end)", d[..., 1:n].mean(dim=(0, 2))),
+        ("the first query of the second copy (i = n) is missing: i runs over n .. 2n-1",
+         d[..., 2:].mean(dim=(0, 2))),
+        ("summed over the positions instead of averaging: the score is a mean weight, between 0 "
+         "and 1", d[..., 1:].sum(dim=-1).mean(dim=0)),
+    ]
+
+
+def _score_case(fn: Callable[..., Any], n_case: int) -> tuple[torch.Tensor | None, torch.Tensor]:
+    B, h, n = _SCORE_CASES[n_case]
+    pattern = _random_pattern(B, h, n, seed=100 + n_case)
+    try:
+        got = fn(pattern.float(), n)
+    except (NotImplementedError, CheckFailure):
+        raise
+    except Exception:
+        got = None
+    return got, pattern
+
+
+def _right_on(fn: Callable[..., Any], n_case: int) -> bool:
+    try:
+        got, pattern = _score_case(fn, n_case)
+    except CheckFailure:
+        return False
+    expected = interp.induction_score(pattern, _SCORE_CASES[n_case][2])
+    return isinstance(got, torch.Tensor) and _close(got.detach(), expected, 1e-5)
+
+
+@checker
+def check_induction_score(fn: Callable[..., Any]) -> None:
+    """Check ``fn(pattern (B, h, 2n, 2n), length) -> (h,)`` against ``interp.induction_score``."""
+    _no_raw_errors(_check_induction_score)(fn)
+
+
+def _check_induction_score(fn: Callable[..., Any]) -> None:
+    _refuse_reference(fn, "the induction score")
+    for k, (B, h, n) in enumerate(_SCORE_CASES):
+        case = f"B={B}, {h} heads, length n={n}, a random causal pattern of {2 * n} positions"
+        pattern = _random_pattern(B, h, n, seed=100 + k)
+        with calls_to([interp.induction_score]) as seen:
+            raw = _call(fn, pattern.float(), n, case=case,
+                        hint="Index the pattern (B, h, 2n, 2n) with the query positions "
+                        "i = n .. 2n-1 and the key positions i - n + 1.")
+        if seen:
+            raise CheckFailure("Your function calls course_lib's interp.induction_score, the score "
+                               "this exercise asks you to write: index the pattern yourself.")
+        if isinstance(raw, torch.Tensor) and raw.dim() == 0:
+            raise CheckFailure(f"Wrong output shape ({case}): one number, expected one score per "
+                               f"head, shape ({h},). Average over the batch and the positions "
+                               "(dims 0 and 2 of (B, h, n)), not over the heads.")
+        if isinstance(raw, torch.Tensor) and tuple(raw.shape) == (B, h):
+            raise CheckFailure(f"Wrong output shape ({case}): (B, h) = {(B, h)}, expected ({h},): "
+                               "average over the batch too.")
+        got = _as_tensor(raw, (h,), f"the score ({case})",
+                         "One score per head: average over the batch and the positions.")
+        expected = interp.induction_score(pattern, n)
+        if _close(got, expected, 1e-5):
+            continue
+        for message, wrong in _score_mistakes(pattern, n):
+            if _close(got, wrong, 1e-5):
+                raise CheckFailure(f"Likely mistake ({case}): {message}.")
+        right = [_SCORE_CASES[m][2] for m in range(len(_SCORE_CASES))
+                 if m != k and _SCORE_CASES[m][2] != n and _right_on(fn, m)]
+        if right:
+            raise CheckFailure(f"Only works for one length: right with length n = {sorted(right)}, "
+                               f"wrong with n = {n} ({case}). Use the argument `length` instead of "
+                               "writing a number.")
+        raise CheckFailure(
+            f"Output differs from course_lib's reference ({case}): largest difference "
+            f"{(got.double() - expected).abs().max().item():.3g}. None of the usual mistakes explains "
+            "it; print both for a small pattern (B=1, h=1, n=3) and compare step by step.")
+    print(f"check_induction_score: all {len(_SCORE_CASES)} cases match course_lib's reference. "
+          "Well done!")
+
+
+# ----------------------------------------------------------------------------------------------
+# check_predict_layers (predict)
+# ----------------------------------------------------------------------------------------------
+
+_KINDS = ("previous_token", "induction")
+
+
+def _as_layer(value: Any, kind: str, num_layers: int) -> int:
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_floating_point():
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise CheckFailure(f"predicted_layers()[{kind!r}] should be a layer number, an int such as "
+                           f"0, got {type(value).__name__} {value!r}.")
+    if not 0 <= int(value) < num_layers:
+        raise CheckFailure(f"predicted_layers()[{kind!r}] = {value}: the model has {num_layers} "
+                           f"layers, numbered 0 .. {num_layers - 1}.")
+    return int(value)
+
+
+def _truth(model: GPT, ids: torch.Tensor) -> dict[str, tuple[int, int, float]]:
+    """``kind -> (layer, head, score)`` of the best-scoring head of each kind."""
+    scores = interp.head_scores(model, ids)
+    found = {}
+    for kind in _KINDS:
+        table = scores[kind]  # (num_layers, h)
+        best = int(table.argmax())
+        found[kind] = (best // table.size(1), best % table.size(1), table.max().item())
+    return found
+
+
+@checker
+def check_predict_layers(prediction: Any, model: GPT, ids: torch.Tensor) -> None:
+    """Check ``prediction() -> {"previous_token": layer, "induction": layer}`` (or that dict)
+    against the best-scoring heads of ``model`` on ``ids = [r, r]`` (``interp.head_scores``)."""
+    _no_raw_errors(_check_predict_layers)(prediction, model, ids)
+
+
+def _check_predict_layers(prediction: Any, model: GPT, ids: torch.Tensor) -> None:
+    if not isinstance(model, GPT):
+        raise CheckFailure(f"check_predict_layers(prediction, model, ids): model must be a "
+                           f"course_lib GPT, got {type(model).__name__}.")
+    if not (isinstance(ids, torch.Tensor) and ids.dim() == 2 and ids.size(1) % 2 == 0
+            and ids.size(1) >= 4 and torch.equal(ids[:, : ids.size(1) // 2], ids[:, ids.size(1) // 2:])):
+        raise CheckFailure("check_predict_layers(prediction, model, ids): ids must be (B, 2n) "
+                           "random tokens repeated once, [r, r] (induction.repeated_tokens).")
+    if is_course_lib(prediction):
+        raise CheckFailure("You handed in one of course_lib's own functions: return your prediction.")
+    got = prediction
+    if callable(prediction):
+        got = _call(prediction, case="your prediction",
+                    hint='Return a dict: {"previous_token": <layer>, "induction": <layer>}.')
+    if not isinstance(got, dict) or set(got) != set(_KINDS):
+        keys = sorted(got) if isinstance(got, dict) else None
+        raise CheckFailure('Return a dict with exactly the keys "previous_token" and "induction", '
+                           f"each a layer number; got {type(got).__name__}"
+                           + (f" with keys {keys}." if keys is not None else f" {got!r}."))
+    num_layers = model.config.num_layers
+    said = {kind: _as_layer(got[kind], kind, num_layers) for kind in _KINDS}
+    truth = _truth(model, ids)
+    (prev_layer, prev_head, prev_score) = truth["previous_token"]
+    (ind_layer, ind_head, ind_score) = truth["induction"]
+    if ind_score < 0.3 or prev_score < 0.3:
+        raise CheckFailure(f"This model has no clear head of each kind (best previous-token score "
+                           f"{prev_score:.2f}, best induction score {ind_score:.2f}): pass the "
+                           "lesson's trained model, whose heads have formed.")
+    measured = (f"The scores put the previous-token head in layer {prev_layer} (head "
+                f"{prev_layer}.{prev_head}, score {prev_score:.2f}) and the best induction head in "
+                f"layer {ind_layer} (head {ind_layer}.{ind_head}, score {ind_score:.2f}).")
+    why = ("An induction head at position i attends to the position j whose PREVIOUS token is "
+           "token i, so its keys must hold \"the token before me\". A token's embedding holds only "
+           "the token itself (RoPE puts positions into the query-key product, not into the stream); "
+           "only a previous-token head writes the token before into the residual stream, and a "
+           "later layer's keys can read it (K-composition). A previous-token head needs nothing "
+           "but the positions, which layer 0 already has.")
+    if said == {"previous_token": prev_layer, "induction": ind_layer}:
+        print(f"check_predict_layers: right. {measured} {why}")
+        return
+    if said["induction"] == 0:
+        raise CheckFailure(f"Not quite: an induction head cannot sit in layer 0. {why} {measured}")
+    if said["induction"] != ind_layer:
+        raise CheckFailure(f"Not quite: the induction heads are elsewhere. {why} {measured}")
+    raise CheckFailure(
+        f"Not quite: the previous-token head sits below the induction heads, in layer {prev_layer}: "
+        "the induction head's keys read what it wrote, so it must come first, and it needs nothing "
+        f"but the positions, which layer 0 already has. {measured}")
+
+
+# ----------------------------------------------------------------------------------------------
+# check_ablation_hook (build, ★★) and check_patching_hook (debug)
+# ----------------------------------------------------------------------------------------------
+
+_HOOK_D_MODEL, _HOOK_HEADS, _HOOK_T = 48, 4, 10  # head_dim 12: != num_heads, views differ
+
+
+def _random_model(seed: int, num_layers: int = 2, num_heads: int = _HOOK_HEADS,
+                  d_model: int = _HOOK_D_MODEL, scale: float = 3.0) -> GPT:
+    """A random attention-only GPT (lesson 12's kind) with every weight moved by noise and the token
+    table scaled by ``scale``, so that its heads are uneven and its predictions not uniform."""
+    torch.manual_seed(seed)
+    model = GPT(induction_config(num_layers=num_layers, num_heads=num_heads, d_model=d_model)).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.02 * scale * torch.randn_like(p))
+        model.embed.token.weight.mul_(scale)
+    return model
+
+
+def _hooks_on(model: GPT) -> int:
+    return sum(len(m._forward_pre_hooks) + len(m._forward_hooks) for m in model.modules())
+
+
+def _remove_hooks(model: GPT) -> None:
+    for m in model.modules():
+        m._forward_pre_hooks.clear()
+        m._forward_hooks.clear()
+
+
+def _run_with(model: GPT, ids: torch.Tensor, layer: int, hook: Any, case: str, hint: str) -> torch.Tensor:
+    """The logits of ``model(ids)`` with ``hook`` on layer ``layer``'s out_proj (always removed)."""
+    if not callable(hook):
+        raise CheckFailure(f"Your function returned {type(hook).__name__}, not a hook ({case}): "
+                           "return the inner function hook(module, args).")
+    try:
+        with interp.hooked(model, layer, hook):
+            out = model(ids)
+    except (NotImplementedError, CheckFailure):
+        raise
+    except Exception as err:
+        raise CheckFailure(f"Your hook raised {type(err).__name__} inside out_proj's forward "
+                           f"({case}): {err}. {hint}") from err
+    return out
+
+
+def _hook_verdict(got: torch.Tensor, expected: torch.Tensor, unhooked: torch.Tensor,
+                  mistakes: list[tuple[str, torch.Tensor]], case: str, unchanged: str) -> None:
+    if _close(got, expected, 1e-5):
+        return
+    if _close(got, unhooked, 1e-6):
+        raise CheckFailure(unchanged.format(case=case))
+    for message, wrong in mistakes:
+        if _close(got, wrong, 1e-5):
+            raise CheckFailure(f"Likely mistake ({case}): {message}.")
+    raise CheckFailure(
+        f"The model's output with your hook differs from its output with course_lib's ({case}): "
+        f"largest difference {(got - expected).abs().max().item():.3g}. None of the usual mistakes "
+        "explains it; print the input of out_proj before and after your hook for a small batch.")
+
+
+def _replace_hook(change: Callable[[torch.Tensor], None]) -> Callable[..., Any]:
+    """A pre-hook that clones out_proj's input, applies ``change`` to the clone, returns it."""
+
+    def hook(module: Any, args: tuple) -> tuple:
+        z = args[0].clone()
+        change(z)
+        return (z,)
+
+    return hook
+
+
+def _ablation_mistakes(model: GPT, ids: torch.Tensor, layer: int, head: int,
+                       mean: torch.Tensor | None) -> list[tuple[str, torch.Tensor]]:
+    h, hd = _HOOK_HEADS, _HOOK_D_MODEL // _HOOK_HEADS
+    fill = 0.0 if mean is None else mean
+    variants: list[tuple[str, Callable[[torch.Tensor], None]]] = [
+        ("interleaved slicing: z[..., head::num_heads] takes every num_heads-th number, but a head's "
+         "output is a contiguous slice, numbers head * head_dim .. (head + 1) * head_dim - 1 "
+         "(merge_heads puts the heads side by side)",
+         lambda z: z[..., head::h].copy_(torch.zeros_like(z[..., head::h]) + fill)),
+        ("the view has its axes the wrong way round: view(B, T, head_dim, num_heads) then [:, :, head] "
+         "picks numbers across heads; view as (B, T, num_heads, head_dim)",
+         lambda z: z.view(*z.shape[:2], hd, h)[:, :, head].copy_(
+             torch.zeros_like(z.view(*z.shape[:2], hd, h)[:, :, head]) + fill)),
+        ("every head is ablated, not only head `head`: change only its slice of the last axis",
+         lambda z: z.view(*z.shape[:2], h, hd).copy_(torch.zeros_like(z.view(*z.shape[:2], h, hd))
+                                                     + fill)),
+    ]
+    for other, word in ((head + 1, "the next"), (head - 1, "the previous")):
+        if 0 <= other < h:
+            variants.append((f"off by one head: you ablated {word} head ({other}, not {head}); head "
+                             f"`head`'s slice starts at head * head_dim",
+                             lambda z, o=other: z.view(*z.shape[:2], h, hd)[:, :, o].copy_(
+                                 torch.zeros_like(z.view(*z.shape[:2], h, hd)[:, :, o]) + fill)))
+    if mean is not None:
+        variants.append(("the mean is ignored: with `mean` given, the head's output becomes `mean` "
+                         "(mean-ablation), not 0",
+                         lambda z: z.view(*z.shape[:2], h, hd)[:, :, head].zero_()))
+    found = []
+    for message, change in variants:
+        try:
+            found.append((message, _run_with(model, ids, layer, _replace_hook(change), "", "")))
+        except CheckFailure:
+            continue
+    return found
+
+
+_ABLATION_CASES = [  # (layer, head, mean: None, "vector" (head_dim,) or "positions" (T, head_dim))
+    (0, 1, None), (1, 2, None), (1, 0, "vector"), (0, 3, None), (0, 2, "positions"), (1, 3, "vector"),
+]
+
+_UNCHANGED_ABLATION = (
+    "Your hook changed nothing ({case}): the model's output equals the run without a hook. A forward "
+    "pre-hook changes what out_proj receives only if it returns the new input (a tensor or a "
+    "1-tuple), or changes args[0] in place; a changed copy that is not returned is thrown away.")
+
+
+@checker
+def check_ablation_hook(fn: Callable[..., Any]) -> None:
+    """Check ``fn(head, num_heads, mean=None) -> pre-hook`` against ``interp.ablation_hook``,
+    through a random attention-only GPT's logits (zero- and mean-ablation, both layers)."""
+    _no_raw_errors(_check_ablation_hook)(fn)
+
+
+def _check_ablation_hook(fn: Callable[..., Any]) -> None:
+    _refuse_reference(fn, "the ablation hook")
+    model = _random_model(seed=12)
+    gen = torch.Generator().manual_seed(7)
+    ids = torch.randint(0, model.config.vocab_size, (3, _HOOK_T), generator=gen)  # (B, T)
+    hd = _HOOK_D_MODEL // _HOOK_HEADS
+    unhooked = model(ids)
+    try:
+        for layer, head, kind in _ABLATION_CASES:
+            mean = None
+            if kind == "vector":
+                mean = torch.randn(hd, generator=gen)
+            elif kind == "positions":
+                mean = torch.randn(_HOOK_T, hd, generator=gen)
+            what = ("zero-ablation" if mean is None else
+                    f"mean-ablation with mean of shape {tuple(mean.shape)}")
+            case = (f"layer {layer}, head {head} of {_HOOK_HEADS}, head_dim {hd}, {what}, "
+                    f"input (3, {_HOOK_T}, {_HOOK_D_MODEL})")
+            args = (head, _HOOK_HEADS) if mean is None else (head, _HOOK_HEADS, mean.clone())
+            with calls_to([interp.ablation_hook]) as seen:
+                hook = _call(fn, *args, case=case, hint="Build and return the inner hook function.")
+                got = _run_with(model, ids, layer, hook, case,
+                                "The hook receives (module, args); args[0] is out_proj's input "
+                                "(B, T, num_heads * head_dim).")
+            if seen:
+                raise CheckFailure("Your function calls course_lib's interp.ablation_hook, the hook "
+                                   "this exercise asks you to write.")
+            with interp.hooked(model, layer, interp.ablation_hook(head, _HOOK_HEADS, mean)):
+                expected = model(ids)
+            if _close(got, expected, 1e-5):
+                continue
+            _hook_verdict(got, expected, unhooked, _ablation_mistakes(model, ids, layer, head, mean),
+                          case, _UNCHANGED_ABLATION)
+    finally:
+        _remove_hooks(model)
+    print(f"check_ablation_hook: all {len(_ABLATION_CASES)} cases match course_lib's reference "
+          "(the model's logits with your hook). Well done!")
+
+
+# --- the patching hook (debug) ---------------------------------------------------------------
+
+_PATCH_CASES = [(0, 1, None), (1, 2, None), (1, 0, 4), (0, 3, 7), (1, 3, 0)]  # (layer, head, position)
+
+_UNCHANGED_PATCH = (
+    "The patched run's output equals the unpatched run's ({case}): the patch never reached "
+    "out_proj. Hint: your hook writes the clean values somewhere; ask what out_proj then receives. "
+    "The documentation of nn.Module.register_forward_pre_hook says which of the hook's doings "
+    "PyTorch uses.")
+
+
+def _patch_mistakes(model: GPT, ids: torch.Tensor, layer: int, head: int, clean: torch.Tensor,
+                    position: int | None) -> list[tuple[str, torch.Tensor]]:
+    h = _HOOK_HEADS
+    T = ids.size(1)
+
+    def heads(z: torch.Tensor) -> torch.Tensor:
+        return z.view(*z.shape[:2], h, -1)  # (B, T, h, hd)
+
+    def put(z: torch.Tensor, where: Any, which: Any, source: torch.Tensor) -> None:
+        heads(z)[:, where, which] = source
+
+    where = slice(None) if position is None else position
+    variants: list[tuple[str, Callable[[torch.Tensor], None]]] = [
+        ("every head is patched, not only head `head`: write clean[:, ..., head] into head `head`'s "
+         "slice only", lambda z: put(z, where, slice(None), clean[:, where])),
+        ("patched from the wrong tensor: you wrote zeros (an ablation), not the clean run's output",
+         lambda z: put(z, where, head, 0.0)),
+        ("interleaved slicing: a head's output is a contiguous slice of out_proj's input, numbers "
+         "head * head_dim .. (head + 1) * head_dim - 1",
+         lambda z: z.view(*z.shape[:2], -1, h)[:, where, :, head].copy_(clean[:, where, head])),
+    ]
+    for other in (head - 1, head + 1):
+        if 0 <= other < h:
+            variants.append((f"patched from the wrong tensor: you wrote head {other}'s clean output "
+                             f"into head {head}; take clean[:, ..., head]",
+                             lambda z, o=other: put(z, where, head, clean[:, where, o])))
+            variants.append((f"off by one head: you patched head {other}, not head {head}",
+                             lambda z, o=other: put(z, where, o, clean[:, where, o])))
+            variants.append((f"off by one head: you wrote head {head}'s clean output into head "
+                             f"{other}'s slice; head `head`'s slice starts at head * head_dim",
+                             lambda z, o=other: put(z, where, o, clean[:, where, head])))
+    if position is not None:
+        variants.append((f"patched every position, though position={position} was given: with a "
+                         "position, only that position changes",
+                         lambda z: put(z, slice(None), head, clean[:, :, head])))
+        for other in (position + 1, position - 1):
+            if 0 <= other < T:
+                variants.append((f"wrong position: you patched position {other}, not {position}",
+                                 lambda z, o=other: put(z, o, head, clean[:, o, head])))
+    found = []
+    for message, change in variants:
+        try:
+            found.append((message, _run_with(model, ids, layer, _replace_hook(change), "", "")))
+        except CheckFailure:
+            continue
+    return found
+
+
+@checker
+def check_patching_hook(fn: Callable[..., Any]) -> None:
+    """Check ``fn(head, num_heads, clean (B, T, h, hd), position=None) -> pre-hook`` against
+    ``interp.patching_hook``, through a random attention-only GPT's logits on a corrupted run."""
+    _no_raw_errors(_check_patching_hook)(fn)
+
+
+def _check_patching_hook(fn: Callable[..., Any]) -> None:
+    _refuse_reference(fn, "the patching hook")
+    model = _random_model(seed=21)
+    gen = torch.Generator().manual_seed(8)
+    n = _HOOK_T // 2
+    clean_ids = repeated_tokens(3, n, model.config.vocab_size, gen)  # (3, 2n): [r, r]
+    other = torch.randint(0, model.config.vocab_size, (3, n), generator=gen)
+    corrupted = torch.cat([other, clean_ids[:, n:]], dim=1)  # [r', r]
+    clean_z = interp.head_outputs(model, clean_ids)  # per layer (B, T, h, hd)
+    unpatched = model(corrupted)
+    try:
+        for layer, head, position in _PATCH_CASES:
+            where = "every position" if position is None else f"position={position}"
+            case = (f"layer {layer}, head {head} of {_HOOK_HEADS}, {where}, clean "
+                    f"{tuple(clean_z[layer].shape)}")
+            args = (head, _HOOK_HEADS, clean_z[layer].clone())
+            if position is not None:
+                args += (position,)
+            with calls_to([interp.patching_hook]) as seen:
+                hook = _call(fn, *args, case=case, hint="Build and return the inner hook function.")
+                got = _run_with(model, corrupted, layer, hook, case,
+                                "The hook receives (module, args); args[0] is out_proj's input "
+                                "(B, T, num_heads * head_dim).")
+            if seen:
+                raise CheckFailure("Your function calls course_lib's interp.patching_hook: fix the "
+                                   "given hook instead.")
+            with interp.hooked(model, layer, interp.patching_hook(head, _HOOK_HEADS, clean_z[layer],
+                                                                  position)):
+                expected = model(corrupted)
+            if _close(got, expected, 1e-5):
+                continue
+            _hook_verdict(got, expected, unpatched,
+                          _patch_mistakes(model, corrupted, layer, head, clean_z[layer], position),
+                          case, _UNCHANGED_PATCH)
+    finally:
+        _remove_hooks(model)
+    print(f"check_patching_hook: all {len(_PATCH_CASES)} cases match course_lib's reference (the "
+          "corrupted run's logits with your patch). Well done!")
+
+
+# ----------------------------------------------------------------------------------------------
+# check_patching_table (build, ★★★)
+# ----------------------------------------------------------------------------------------------
+
+
+def _patching_inputs(vocab_size: int, n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``clean = [r, r]`` and ``corrupted = [r', r]``, each ``(8, 2n)``."""
+    gen = torch.Generator().manual_seed(seed)
+    clean = repeated_tokens(8, n, vocab_size, gen)
+    other = torch.randint(0, vocab_size, (8, n), generator=gen)
+    return clean, torch.cat([other, clean[:, n:]], dim=1)
+
+
+def _patching_models() -> list[tuple[str, GPT, int]]:
+    """``(description, model, n)``: the lesson's trained model and a random 3-layer, 2-head one."""
+    try:
+        trained, _ = load_checkpoint()
+    except FileNotFoundError as err:
+        raise CheckFailure(f"The trained model is missing: {err}.") from err
+    random = _random_model(seed=5, num_layers=3, num_heads=2, d_model=64)
+    return [("the lesson's trained model", trained, 12),
+            ("a random attention-only model with 3 layers of 2 heads", random, 10)]
+
+
+def _table_mistakes(model: GPT, clean: torch.Tensor, corrupted: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+    """``(message, (num_layers, h) table)`` of the usual mistakes, in float64."""
+    c = model.config
+    L, h, n = c.num_layers, c.num_heads, clean.size(1) // 2
+
+    def logits(ids: torch.Tensor, layer: int | None = None, hook: Any = None) -> torch.Tensor:
+        if layer is None:
+            return model(ids[:, :-1]).double()
+        with interp.hooked(model, layer, hook):
+            return model(ids[:, :-1]).double()  # (B, 2n-1, V)
+
+    def second(lg: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(lg[:, n - 1:].transpose(1, 2), targets[:, n:])
+
+    def whole(lg: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(lg.transpose(1, 2), targets[:, 1:])
+
+    def rows(lg: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:  # (B,) per-row second half
+        return F.cross_entropy(lg[:, n - 1:].transpose(1, 2), targets[:, n:], reduction="none").mean(1)
+
+    z_clean = interp.head_outputs(model, clean[:, :-1])
+    z_corr = interp.head_outputs(model, corrupted[:, :-1])
+    lg_clean, lg_corr = logits(clean), logits(corrupted)
+    patched = [[logits(corrupted, l, interp.patching_hook(k, h, z_clean[l])) for k in range(h)]
+               for l in range(L)]
+    swapped = [[logits(clean, l, interp.patching_hook(k, h, z_corr[l])) for k in range(h)]
+               for l in range(L)]
+
+    def all_heads(z: torch.Tensor) -> Callable[..., Any]:
+        return lambda module, args: (z.reshape(args[0].shape),)
+
+    layers = [logits(corrupted, l, all_heads(z_clean[l])) for l in range(L)]
+
+    def table(loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], runs: list, formula,
+              clean_targets_for_corrupted: bool = True) -> torch.Tensor:
+        low_t = clean if clean_targets_for_corrupted else corrupted
+        low, high = loss(lg_corr, low_t), loss(lg_clean, clean)
+        return torch.stack([torch.stack([formula(low, high, loss(runs[l][k], low_t))
+                                         for k in range(h)]) for l in range(L)])
+
+    fraction = lambda low, high, x: (low - x) / (low - high)  # noqa: E731
+    ref = table(second, patched, fraction)
+    return [
+        ("not normalised: that is the raw drop in loss (nats); divide it by the whole gap, "
+         "corrupted loss - clean loss, so that 1 means the head recovers all of it",
+         table(second, patched, lambda low, high, x: low - x)),
+        ("the sign is reversed (you computed 1 - fraction: the part of the gap that stays); the "
+         "fraction closed is (corrupted loss - patched loss) / (corrupted loss - clean loss)", 1 - ref),
+        ("the sign is reversed: the fraction closed is (corrupted loss - patched loss) / (corrupted "
+         "loss - clean loss), positive when the patch helps", -ref),
+        ("the direction is swapped: you patched the corrupted run's head output into the clean run; "
+         "patch the clean run's output into the corrupted run",
+         table(second, swapped, lambda low, high, x: (low - x) / (low - high))),
+        ("the direction is swapped: you patched the corrupted run's head output into the clean run; "
+         "patch the clean run's output into the corrupted run",
+         table(second, swapped, lambda low, high, x: (x - high) / (low - high))),
+        ("scored over the whole sequence: only the second half's tokens can be predicted (by "
+         "copying); score the predictions of tokens n .. 2n-1, logits[:, n-1:] against clean[:, n:]",
+         table(whole, patched, fraction)),
+        ("scored over the whole sequence against the corrupted run's own tokens: score only the "
+         "second half, against the clean run's next tokens, logits[:, n-1:] against clean[:, n:]",
+         table(whole, patched, fraction, clean_targets_for_corrupted=False)),
+        ("scored one position late: logits[:, n:] predict tokens n+1 .. 2n-1; the second half's "
+         "first token is predicted at position n-1, so take logits[:, n-1:] against clean[:, n:]",
+         table(lambda lg, t: F.cross_entropy(lg[:, n:].transpose(1, 2), t[:, n + 1:]), patched,
+               fraction)),
+        ("each position scored against its own token, not the next: position t predicts token t+1",
+         table(lambda lg, t: F.cross_entropy(lg[:, n:].transpose(1, 2), t[:, n:-1]), patched,
+               fraction)),
+        ("patched the whole layer: every head of the layer gets the same number; patch one head's "
+         "slice of out_proj's input at a time",
+         torch.stack([fraction(second(lg_corr, clean), second(lg_clean, clean),
+                               second(layers[l], clean)).repeat(h) for l in range(L)])),
+        ("the fraction is averaged over rows: compute the mean losses over the whole batch first, "
+         "then one fraction from them",
+         torch.stack([torch.stack([fraction(rows(lg_corr, clean), rows(lg_clean, clean),
+                                            rows(patched[l][k], clean)).mean()
+                                   for k in range(h)]) for l in range(L)])),
+    ]
+
+
+@checker
+def check_patching_table(fn: Callable[..., Any]) -> None:
+    """Check ``fn(model, clean, corrupted) -> (num_layers, h)`` against ``interp.patching_table`` on
+    the trained checkpoint and on a random model; no hook may stay on the model afterwards."""
+    _no_raw_errors(_check_patching_table)(fn)
+
+
+def _check_patching_table(fn: Callable[..., Any]) -> None:
+    _refuse_reference(fn, "the patching table")
+    models = _patching_models()
+    for k, (description, model, n) in enumerate(models):
+        clean, corrupted = _patching_inputs(model.config.vocab_size, n, seed=30 + k)
+        L, h = model.config.num_layers, model.config.num_heads
+        case = f"{description}, clean = [r, r] and corrupted = [r', r] of shape {tuple(clean.shape)}"
+        try:
+            # interp.patching_table is wrapped by torch.no_grad, whose code every such wrapper
+            # shares: watch the function inside
+            with calls_to([inspect.unwrap(interp.patching_table)]) as seen, torch.enable_grad():
+                raw = _call(fn, model, clean.clone(), corrupted.clone(), case=case,
+                            hint="Run the clean model once to keep each layer's head outputs, then "
+                            "one corrupted run per head with a patching hook.")
+            if seen:
+                raise CheckFailure("Your function calls course_lib's interp.patching_table, the "
+                                   "table this exercise asks you to build.")
+            left = _hooks_on(model)
+            if left:
+                raise CheckFailure(
+                    f"Your function left {left} hook(s) registered on the model ({case}): every later "
+                    "run of the model would still be patched. Remove each hook when its run is done "
+                    "(handle.remove() in a finally:, or interp.hooked(...) as a with block).")
+        finally:
+            _remove_hooks(model)
+        if isinstance(raw, torch.Tensor) and raw.dim() == 2 and tuple(raw.shape) != (L, h):
+            raise CheckFailure(f"Wrong output shape ({case}): {tuple(raw.shape)}, expected (num_layers, "
+                               f"num_heads) = {(L, h)}: read both from model.config.")
+        got = _as_tensor(raw, (L, h), f"the table ({case})", "One number per head: (num_layers, h).")
+        expected = interp.patching_table(model, clean, corrupted)
+        if _close(got, expected, 1e-4):
+            continue
+        for message, wrong in _table_mistakes(model, clean, corrupted):
+            if _close(got, wrong, 1e-4):
+                raise CheckFailure(f"Likely mistake ({case}): {message}.")
+        raise CheckFailure(
+            f"Your table differs from course_lib's reference ({case}): largest difference "
+            f"{(got.double() - expected.double()).abs().max().item():.3g}. None of the usual mistakes "
+            "explains it; print the clean, corrupted and one patched loss, and compare with "
+            "interp.loss_per_position.")
+    print(f"check_patching_table: both models ({len(models)} cases) match course_lib's reference. "
+          "Well done!")

@@ -1,0 +1,133 @@
+"""Solutions to the exercises of lesson 12 (inside a trained model); see ``course_lib.solutions``.
+
+``PATCHING_HOOK_BUG`` is the buggy patching hook of the Debug exercise (12.patching_hook), kept
+here so that the notebook shows and the tests run the very same text.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+PATCHING_HOOK_BUG = '''\
+def my_patching_hook(head, num_heads, clean, position=None):
+    """A forward pre-hook for a layer's out_proj: write head `head`'s output from the clean run,
+    clean (B, T, h, hd), into this run, at every position (position=None) or at one position."""
+
+    def hook(module, args):
+        z = args[0].clone()  # (B, T, h * hd): leave PyTorch's own tensor alone
+        B, T, _ = z.shape
+        z = z.view(B, T, num_heads, -1)  # (B, T, h, hd): one slice per head
+        if position is None:
+            z[:, :, head] = clean[:, :, head]
+        else:
+            z[:, position, head] = clean[:, position, head]
+
+    return hook
+'''
+
+
+# %% solution 12.induction_score
+def my_induction_score(pattern, length):
+    """pattern (B, h, 2n, 2n) on [r, r] with n = length -> (h,): the mean weight from each
+    position i of the second copy to i - n + 1, the token after i's earlier occurrence."""
+    n = length
+    queries = torch.arange(n, 2 * n)  # (n,): every position of the second copy
+    keys = queries - n + 1  # (n,): one step after the same token in the first copy
+    weights = pattern[:, :, queries, keys]  # (B, h, n): the weight each query puts on its key
+    return weights.mean(dim=(0, 2))  # (h,): averaged over the batch and the positions
+
+
+# %% solution 12.predict_layers
+def predicted_layers():
+    # A previous-token head needs only positions, which layer 0 already has (RoPE turns each query
+    # and key by its position). An induction head at position i looks for the position j whose
+    # PREVIOUS token equals token i: its keys must hold "the token before me", which no token
+    # embedding holds. Only a layer-0 head that attends to the previous token writes it into the
+    # residual stream, so the induction head reads it one layer later (K-composition).
+    return {"previous_token": 0, "induction": 1}
+
+
+# %% solution 12.ablation_hook
+def my_ablation_hook(head, num_heads, mean=None):
+    """A forward pre-hook for out_proj: head `head`'s output (its slice of the input
+    (B, T, num_heads * head_dim)) becomes 0, or `mean` ((head_dim,) or (T, head_dim))."""
+
+    def hook(module, args):
+        z = args[0]  # (B, T, num_heads * head_dim): the heads side by side
+        head_dim = z.size(-1) // num_heads
+        start, stop = head * head_dim, (head + 1) * head_dim  # head `head`'s slice
+        z = z.clone()  # a new tensor: the hook returns it, so the input need not change
+        z[..., start:stop] = 0.0 if mean is None else mean
+        return z  # a pre-hook's return value replaces the module's input
+
+    return hook
+
+
+# %% solution 12.patching_hook
+def my_patching_hook(head, num_heads, clean, position=None):
+    """A forward pre-hook for a layer's out_proj: write head `head`'s output from the clean run,
+    clean (B, T, h, hd), into this run, at every position (position=None) or at one position."""
+
+    def hook(module, args):
+        z = args[0].clone()  # (B, T, h * hd): leave PyTorch's own tensor alone
+        B, T, _ = z.shape
+        z = z.view(B, T, num_heads, -1)  # (B, T, h, hd): one slice per head
+        if position is None:
+            z[:, :, head] = clean[:, :, head]
+        else:
+            z[:, position, head] = clean[:, position, head]
+        # The fix: PyTorch keeps the original input unless the hook returns the new one. The
+        # clone was changed, never returned, and thrown away: the bug patched nothing.
+        return z.view(B, T, -1)  # (B, T, h * hd): the shape out_proj expects
+
+    return hook
+
+
+# %% solution 12.patching_table
+@torch.no_grad()
+def my_patching_table(model, clean, corrupted):
+    """clean = [r, r], corrupted = [r', r] (B, 2n) -> (num_layers, h): the fraction of the
+    repeated half's loss gap that patching one head's output from clean into corrupted closes."""
+    num_layers, num_heads = model.config.num_layers, model.config.num_heads
+    n = clean.size(1) // 2
+    targets = clean[:, n:]  # (B, n): the second half's tokens, the same in both runs
+
+    def second_half_loss(ids):
+        logits = model(ids[:, :-1])  # (B, 2n-1, V): position t predicts token t + 1
+        return F.cross_entropy(logits[:, n - 1 :].transpose(1, 2), targets).item()
+
+    # Each layer's head outputs on the clean run, read by a hook on out_proj's input.
+    saved = {}
+
+    def keeper(layer):
+        def keep(module, args):
+            saved[layer] = args[0].clone()  # (B, 2n-1, h * hd)
+        return keep
+
+    projections = [block.self_attn.out_proj for block in model.blocks.layers]
+    handles = [p.register_forward_pre_hook(keeper(i)) for i, p in enumerate(projections)]
+    try:
+        clean_loss = second_half_loss(clean)
+    finally:
+        for handle in handles:
+            handle.remove()
+    corrupted_loss = second_half_loss(corrupted)
+    gap = corrupted_loss - clean_loss  # what a perfect patch would recover
+
+    table = torch.zeros(num_layers, num_heads)
+    for layer in range(num_layers):
+        clean_z = saved[layer].view(*saved[layer].shape[:2], num_heads, -1)  # (B, 2n-1, h, hd)
+        for head in range(num_heads):
+            def patch(module, args, head=head):  # clean head output in, every position
+                z = args[0].view(*args[0].shape[:2], num_heads, -1).clone()  # (B, 2n-1, h, hd)
+                z[:, :, head] = clean_z[:, :, head]
+                return z.view(args[0].shape)  # returned, so out_proj receives it
+
+            handle = projections[layer].register_forward_pre_hook(patch)
+            try:
+                patched_loss = second_half_loss(corrupted)
+            finally:
+                handle.remove()  # never leave a hook behind
+            table[layer, head] = (corrupted_loss - patched_loss) / gap
+    return table

@@ -1,0 +1,564 @@
+"""Lesson-12 checkers: correct answers in several styles pass, each named mistake is named, a stub
+gets the reminder, and a broken answer gets a CheckFailure, never a raw error."""
+
+from __future__ import annotations
+
+import importlib
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from _helpers import assert_checkers_keep_random_state, passes
+
+from course_lib import interp
+from course_lib.checks import (
+    check_ablation_hook, check_induction_score, check_patching_hook, check_patching_table,
+    check_predict_layers,
+)
+from course_lib.checks._common import CheckFailure
+from course_lib.checks.inside import _random_model
+from course_lib.induction import load_checkpoint, repeated_tokens
+from course_lib.solutions import predicted_answer, solution_source
+from course_lib.solutions.lesson12 import PATCHING_HOOK_BUG
+
+
+def _solution(key: str) -> dict:
+    """The names a solution block defines (run with the solution file's header imports)."""
+    module = importlib.import_module("course_lib.solutions.lesson12")
+    namespace: dict = dict(vars(module))
+    exec(solution_source(key), namespace)  # noqa: S102  (our own solution file)
+    return namespace
+
+
+def _stub(*args, **kwargs):
+    raise NotImplementedError
+
+
+# ----------------------------------------------------------------------------------------------
+# 12.induction_score
+# ----------------------------------------------------------------------------------------------
+
+
+def score_loops(pattern, length):
+    """One sequence, one head, one position at a time, in float64."""
+    B, h, T, _ = pattern.shape
+    out = torch.zeros(h, dtype=torch.float64)
+    for b in range(B):
+        for head in range(h):
+            for i in range(length, 2 * length):
+                out[head] += pattern[b, head, i, i - length + 1].double()
+    return out / (B * length)
+
+
+def score_einsum(pattern, length):
+    T = pattern.size(-1)
+    pick = torch.zeros(T, T, dtype=pattern.dtype)
+    for i in range(length, 2 * length):
+        pick[i, i - length + 1] = 1.0 / length  # the induction stripe, averaged
+    return torch.einsum("bhij,ij->h", pattern, pick) / pattern.size(0)
+
+
+@pytest.mark.parametrize("fn", [score_loops, score_einsum,
+                                lambda p, n: score_einsum(p.double(), n),
+                                lambda p, n: torch.stack([score_loops(p[b:b + 1], n)
+                                                          for b in range(p.size(0))]).mean(0)],
+                         ids=["loops", "einsum", "einsum float64", "one sequence at a time"])
+def test_induction_score_styles_pass(fn):
+    assert passes(check_induction_score, fn)
+
+
+def test_induction_score_solution_passes(capsys):
+    assert passes(check_induction_score, _solution("12.induction_score")["my_induction_score"])
+    assert "check_induction_score: all 4 cases" in capsys.readouterr().out
+
+
+def _diag(p, n):
+    return p.diagonal(offset=-(n - 1), dim1=-2, dim2=-1)  # (B, h, n + 1): queries n-1 .. 2n-1
+
+
+@pytest.mark.parametrize("fn, words", [
+    (lambda p, n: p.diagonal(offset=-n, dim1=-2, dim2=-1).mean(dim=(0, 2)), "duplicate-token"),
+    (lambda p, n: _diag(p, n).mean(dim=(0, 2)), "whole sequence"),
+    (lambda p, n: torch.stack([p[:, :, i, i - n + 1] if i >= n - 1 else torch.zeros(p.shape[:2])
+                               for i in range(2 * n)], -1).mean(dim=(0, 2)), "every query"),
+    (lambda p, n: _diag(p.transpose(-1, -2), n)[..., 1:].mean(dim=(0, 2)), "swapped"),
+    (lambda p, n: _diag(p, n)[..., 1:].mean(), "not over the heads"),
+    (lambda p, n: _diag(p, n)[..., 1:].mean(dim=-1), r"average over the batch too"),
+    (lambda p, n: _diag(p, n)[..., :n].mean(dim=(0, 2)), "shifted by one"),
+    (lambda p, n: _diag(p, n)[..., 1:n].mean(dim=(0, 2)), "last query is missing"),
+    (lambda p, n: _diag(p, n)[..., 2:].mean(dim=(0, 2)), r"first query .* is missing"),
+    (lambda p, n: _diag(p, n)[..., 1:].sum(dim=-1).mean(0), "summed over the positions"),
+    (lambda p, n: _diag(p, 5)[..., 1:].mean(dim=(0, 2)), r"Only works for one length: right with "
+                                                         r"length n = \[5\]"),
+    (lambda p, n: _diag(p, n)[..., 1:].mean(dim=(0, 2)) + 0.01, "largest difference 0.01"),
+])
+def test_induction_score_mistakes_are_named(fn, words):
+    with pytest.raises(CheckFailure, match=words):
+        check_induction_score(fn)
+
+
+@pytest.mark.parametrize("fn, words", [
+    (lambda p, n: 1 / 0, "raised ZeroDivisionError"),
+    (lambda p, n: "0.5", "should be a torch.Tensor"),
+    (lambda p, n: torch.zeros(p.size(1), dtype=torch.long), "float tensor"),
+    (lambda p, n: torch.full((p.size(1),), float("nan")), "NaN"),
+    (lambda p, n: None, "should be a torch.Tensor"),
+    (interp.induction_score, "course_lib's own functions"),
+    (lambda p, n: interp.induction_score(p, n), "calls course_lib's interp.induction_score"),
+])
+def test_induction_score_bad_answers_get_a_check_failure(fn, words):
+    with pytest.raises(CheckFailure, match=words):
+        check_induction_score(fn)
+
+
+# ----------------------------------------------------------------------------------------------
+# 12.predict_layers
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def trained():
+    model, _ = load_checkpoint()
+    return model, repeated_tokens(8, 20, 64, torch.Generator().manual_seed(0))
+
+
+def test_predict_layers_solution_passes(trained, capsys):
+    model, ids = trained
+    assert passes(check_predict_layers, _solution("12.predict_layers")["predicted_layers"], model, ids)
+    out = capsys.readouterr().out
+    assert "check_predict_layers: right" in out and "K-composition" in out
+
+
+def test_predict_layers_answer_is_what_the_scores_say(trained):
+    """The reveal cell's measurement: the best head of each kind, by interp.head_scores."""
+    model, ids = trained
+    scores = interp.head_scores(model, ids)
+    layers = {kind: int(scores[kind].max(dim=1).values.argmax()) for kind in scores}
+    answer = predicted_answer("12.predict_layers")
+    assert answer == {"previous_token": layers["previous_token"], "induction": layers["induction"]}
+
+
+@pytest.mark.parametrize("answer", [{"previous_token": 0, "induction": 1},
+                                    {"induction": np.int64(1), "previous_token": torch.tensor(0)}])
+def test_predict_layers_a_dict_or_a_function_passes(trained, answer):
+    model, ids = trained
+    assert passes(check_predict_layers, answer, *trained)
+    assert passes(check_predict_layers, lambda: answer, *trained)
+
+
+@pytest.mark.parametrize("answer, words", [
+    ({"previous_token": 1, "induction": 0}, "cannot sit in layer 0.*the token before me"),
+    ({"previous_token": 0, "induction": 0}, "cannot sit in layer 0"),
+    ({"previous_token": 1, "induction": 1}, "previous-token head sits below the induction heads"),
+    ({"previous_token": 0, "induction": 2}, "numbered 0 .. 1"),
+    ({"previous_token": 0, "induction": True}, "should be a layer number"),
+    ({"previous_token": 0, "induction": 1.0}, "should be a layer number"),
+    ({"previous_token": 0, "induction": "layer 1"}, "should be a layer number"),
+    ({"previous": 0, "induction": 1}, "exactly the keys"),
+    ((0, 1), "exactly the keys"),
+    (None, "exactly the keys"),
+])
+def test_predict_layers_wrong_answers_are_explained(trained, answer, words):
+    with pytest.raises(CheckFailure, match=words):
+        check_predict_layers(lambda: answer, *trained)
+
+
+def test_predict_layers_truth_follows_the_model_passed_in(trained):
+    """On a model whose heads have not formed, the checker refuses to judge rather than guess."""
+    _, ids = trained
+    with pytest.raises(CheckFailure, match="no clear head"):
+        check_predict_layers(lambda: {"previous_token": 0, "induction": 1},
+                             _random_model(seed=0, d_model=128, scale=1.0), ids)
+
+
+def test_predict_layers_bad_calls(trained):
+    model, ids = trained
+    with pytest.raises(CheckFailure, match="repeated once"):
+        check_predict_layers(lambda: {"previous_token": 0, "induction": 1}, model, ids[:, :-1])
+    with pytest.raises(CheckFailure, match="raised KeyError"):
+        check_predict_layers(lambda: {}["x"], model, ids)
+
+
+def test_predict_layers_stub(trained, capsys):
+    def predicted_layers():
+        raise NotImplementedError
+
+    check_predict_layers(predicted_layers, *trained)
+    assert "not implemented yet" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------------------------
+# 12.ablation_hook
+# ----------------------------------------------------------------------------------------------
+
+
+def ablation_variant(slicing="contiguous", shift=0, every=False, returns="tensor", in_place=False,
+                     ignore_mean=False):
+    """A learner's ablation hook, right by default; each option is one way to write it or get it
+    wrong."""
+
+    def make(head, num_heads, mean=None):
+        def hook(module, args):
+            x = args[0] if in_place else args[0].clone()
+            B, T, D = x.shape
+            hd = D // num_heads
+            value = 0.0 if (mean is None or ignore_mean) else mean
+            if every:
+                x[...] = (x.view(B, T, num_heads, hd) * 0 + value).view(B, T, D)
+            elif slicing == "contiguous":
+                x.view(B, T, num_heads, hd)[:, :, head + shift] = value
+            elif slicing == "interleaved":
+                x[..., head::num_heads] = value
+            elif slicing == "wrong view":
+                x.view(B, T, hd, num_heads)[:, :, head] = 0.0
+            if returns == "tensor":
+                return x
+            if returns == "tuple":
+                return (x,)
+            return None
+
+        return hook
+
+    return make
+
+
+def ablation_loops(head, num_heads, mean=None):
+    """float64 and a loop over positions, returning a 1-tuple."""
+
+    def hook(module, args):
+        x = args[0].double()
+        hd = x.size(-1) // num_heads
+        for t in range(x.size(1)):
+            if mean is None:
+                x[:, t, head * hd:(head + 1) * hd] = 0
+            else:
+                m = mean if mean.dim() == 1 else mean[t]
+                x[:, t, head * hd:(head + 1) * hd] = m.double()
+        return (x.float(),)
+
+    return hook
+
+
+@pytest.mark.parametrize("fn", [ablation_variant(), ablation_variant(returns="tuple"),
+                                ablation_variant(in_place=True, returns="none"),
+                                ablation_variant(in_place=True, returns="tensor"), ablation_loops])
+def test_ablation_hook_styles_pass(fn):
+    assert passes(check_ablation_hook, fn)
+
+
+def test_ablation_hook_solution_passes(capsys):
+    assert passes(check_ablation_hook, _solution("12.ablation_hook")["my_ablation_hook"])
+    assert "check_ablation_hook: all 6 cases" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("fn, words", [
+    (ablation_variant(slicing="interleaved"), "interleaved slicing"),
+    (ablation_variant(shift=1), "off by one head: you ablated the next head"),
+    (ablation_variant(every=True), "every head is ablated"),
+    (ablation_variant(returns="none"), "Your hook changed nothing.*returns the new input"),
+    (ablation_variant(ignore_mean=True), "the mean is ignored"),
+    (ablation_variant(slicing="wrong view"), "the view has its axes the wrong way round"),
+])
+def test_ablation_hook_mistakes_are_named(fn, words):
+    with pytest.raises(CheckFailure, match=words):
+        check_ablation_hook(fn)
+
+
+def _raising_hook(head, num_heads, mean=None):
+    def hook(module, args):
+        raise RuntimeError("boom")
+    return hook
+
+
+@pytest.mark.parametrize("fn, words", [
+    (_raising_hook, "Your hook raised RuntimeError inside out_proj"),
+    (lambda head, num_heads, mean=None: 1 / 0, "raised ZeroDivisionError"),
+    (lambda head, num_heads, mean=None: "hook", "not a hook"),
+    (lambda head, num_heads, mean=None: (lambda module, args: "garbage"), "Your hook raised"),
+    (lambda head, num_heads, mean=None: (lambda module, args: torch.zeros(2)), "Your hook raised"),
+    (lambda head, num_heads, mean=None: (lambda module, args: args[0] * 2), "differs"),
+    (lambda head, num_heads, mean=None: interp.ablation_hook(head, num_heads, mean),
+     "calls course_lib's interp.ablation_hook"),
+    (interp.ablation_hook, "course_lib's own functions"),
+])
+def test_ablation_hook_bad_answers_get_a_check_failure(fn, words):
+    with pytest.raises(CheckFailure, match=words):
+        check_ablation_hook(fn)
+
+
+def test_ablation_hook_leaves_no_hook_behind_when_the_learners_hook_raises(monkeypatch):
+    from course_lib.checks import inside
+
+    made = []
+    original = inside._random_model
+
+    def spy(*args, **kwargs):
+        made.append(original(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(inside, "_random_model", spy)
+    with pytest.raises(CheckFailure):
+        check_ablation_hook(_raising_hook)
+    with pytest.raises(CheckFailure):
+        check_ablation_hook(ablation_variant(shift=1))
+    assert made and all(inside._hooks_on(m) == 0 for m in made)
+
+
+def test_ablation_hook_stub(capsys):
+    def my_ablation_hook(head, num_heads, mean=None):
+        raise NotImplementedError
+
+    check_ablation_hook(my_ablation_hook)
+    assert "not implemented yet" in capsys.readouterr().out
+
+
+def test_ablation_hook_stub_inside_the_hook(capsys):
+    """The lesson's stub raises inside the inner hook, that is inside out_proj's forward."""
+
+    def my_ablation_hook(head, num_heads, mean=None):
+        def hook(module, args):
+            raise NotImplementedError
+
+        return hook
+
+    check_ablation_hook(my_ablation_hook)
+    assert "not implemented yet" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------------------------
+# 12.patching_hook (debug)
+# ----------------------------------------------------------------------------------------------
+
+
+def _bug() -> dict:
+    namespace: dict = {}
+    exec(PATCHING_HOOK_BUG, namespace)  # noqa: S102  (the lesson's buggy hook)
+    return namespace
+
+
+def patching_variant(head_shift=0, source_shift=0, position_shift=0, all_positions=False,
+                     every_head=False, zeros=False, returns="tensor"):
+    """A learner's patching hook, right by default; each option is one way to get it wrong."""
+
+    def make(head, num_heads, clean, position=None):
+        def hook(module, args):
+            x = args[0].clone()
+            z = x.view(*x.shape[:2], num_heads, -1)  # (B, T, h, hd)
+            where = slice(None) if (position is None or all_positions) else position + position_shift
+            which = slice(None) if every_head else head + head_shift
+            source = clean[:, where, head + source_shift] if not every_head else clean[:, where]
+            z[:, where, which] = 0.0 if zeros else source
+            return x if returns == "tensor" else (x,)
+
+        return hook
+
+    return make
+
+
+def patching_in_place(head, num_heads, clean, position=None):
+    """In place on args[0], one position at a time, returning nothing: also right."""
+
+    def hook(module, args):
+        z = args[0].view(*args[0].shape[:2], num_heads, -1)
+        for t in range(z.size(1)) if position is None else [position]:
+            z[:, t, head] = clean[:, t, head]
+
+    return hook
+
+
+@pytest.mark.parametrize("fn", [patching_variant(), patching_variant(returns="tuple"),
+                                patching_in_place])
+def test_patching_hook_styles_pass(fn):
+    assert passes(check_patching_hook, fn)
+
+
+def test_patching_hook_solution_passes(capsys):
+    assert passes(check_patching_hook, _solution("12.patching_hook")["my_patching_hook"])
+    assert "check_patching_hook: all 5 cases" in capsys.readouterr().out
+
+
+def test_patching_hook_solution_is_the_bug_fixed():
+    """The solution is the given code plus the return line (and its comment)."""
+    fixed = solution_source("12.patching_hook").splitlines()
+    bug = PATCHING_HOOK_BUG.splitlines()
+    assert [line for line in fixed if line not in bug and not line.strip().startswith("#")] == [
+        "        return z.view(B, T, -1)  # (B, T, h * hd): the shape out_proj expects"]
+
+
+def test_patching_hook_bug_is_observed_not_given_away():
+    with pytest.raises(CheckFailure) as failure:
+        check_patching_hook(_bug()["my_patching_hook"])
+    message = str(failure.value)
+    first = message.split(". ")[0]
+    assert "the patched run's output equals the unpatched run's" in message.lower()
+    assert "the patch never reached out_proj" in message
+    assert "return" not in first.lower() and "None" not in message
+
+
+@pytest.mark.parametrize("fn, words", [
+    (patching_variant(every_head=True), "every head is patched"),
+    (patching_variant(position_shift=1), r"wrong position: you patched position 5, not 4"),
+    (patching_variant(all_positions=True), "patched every position, though position=4"),
+    (patching_variant(source_shift=1), "patched from the wrong tensor: you wrote head 2's"),
+    (patching_variant(zeros=True), "patched from the wrong tensor: you wrote zeros"),
+    (patching_variant(head_shift=-1), "off by one head: you wrote head 1's clean output into head 0"),
+    (patching_variant(head_shift=1, source_shift=1), "off by one head: you patched head 2, not head 1"),
+])
+def test_patching_hook_mistakes_are_named(fn, words):
+    with pytest.raises(CheckFailure, match=words):
+        check_patching_hook(fn)
+
+
+@pytest.mark.parametrize("fn, words", [
+    (lambda head, num_heads, clean, position=None: None, "not a hook"),
+    (lambda head, num_heads, clean, position=None: (lambda m, a: a[0][:, :, :3]), "Your hook raised"),
+    (lambda head, num_heads, clean, position=None: (lambda m, a: 1 / 0), "ZeroDivisionError"),
+    (lambda head, num_heads, clean, position=None: interp.patching_hook(head, num_heads, clean,
+                                                                        position),
+     "calls course_lib's interp.patching_hook"),
+])
+def test_patching_hook_bad_answers_get_a_check_failure(fn, words):
+    with pytest.raises(CheckFailure, match=words):
+        check_patching_hook(fn)
+
+
+def test_patching_hook_stub(capsys):
+    def my_patching_hook(head, num_heads, clean, position=None):
+        raise NotImplementedError
+
+    check_patching_hook(my_patching_hook)
+    assert "not implemented yet" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------------------------
+# 12.patching_table (★★★)
+# ----------------------------------------------------------------------------------------------
+
+
+def table_variant(normalise=True, reverse=False, negate=False, swap=False, whole=False,
+                  own_targets=False, whole_layer=False, leave_hooks=False, per_row=False,
+                  late=False, no_grad=True, float64=False):
+    """A learner's patching table written with interp's tools; right by default, each option one
+    way to get it wrong (or, for no_grad and float64, another right way)."""
+
+    def loss_rows(model, ids, targets, n):
+        logits = model(ids[:, :-1])
+        if float64:
+            logits = logits.double()
+        if whole:
+            return F.cross_entropy(logits.transpose(1, 2), targets[:, 1:], reduction="none")
+        if late:
+            return F.cross_entropy(logits[:, n:].transpose(1, 2), targets[:, n + 1:], reduction="none")
+        return F.cross_entropy(logits[:, n - 1:].transpose(1, 2), targets[:, n:], reduction="none")
+
+    def table(model, clean, corrupted):
+        c = model.config
+        n = clean.size(1) // 2
+        base, source = (clean, corrupted) if swap else (corrupted, clean)
+        src_z = interp.head_outputs(model, source[:, :-1])
+        base_targets = corrupted if own_targets else clean
+
+        def loss(ids, targets):
+            rows = loss_rows(model, ids, targets, n).mean(dim=1)  # (B,)
+            return rows if per_row else rows.mean()
+
+        low, high = loss(corrupted, base_targets), loss(clean, clean)
+        out = torch.zeros(c.num_layers, c.num_heads, dtype=torch.float64 if float64 else torch.float32)
+        for layer in range(c.num_layers):
+            for head in range(c.num_heads):
+                if whole_layer:
+                    def hook(m, a, z=src_z[layer]):
+                        return z.reshape(a[0].shape)
+                else:
+                    hook = interp.patching_hook(head, c.num_heads, src_z[layer])
+                if leave_hooks:
+                    model.blocks.layers[layer].self_attn.out_proj.register_forward_pre_hook(hook)
+                    patched = loss(base, base_targets if not swap else clean)
+                else:
+                    with interp.hooked(model, layer, hook):
+                        patched = loss(base, base_targets if not swap else clean)
+                value = (low - patched) if not normalise else (low - patched) / (low - high)
+                if swap:
+                    value = (low - patched) / (low - high)
+                if reverse:
+                    value = 1 - value
+                if negate:
+                    value = -value
+                out[layer, head] = value.mean().detach()
+        return out
+
+    if no_grad:
+        return torch.no_grad()(table)
+    return table
+
+
+def test_patching_table_solution_passes(capsys):
+    assert passes(check_patching_table, _solution("12.patching_table")["my_patching_table"])
+    assert "check_patching_table: both models" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("fn", [table_variant(), table_variant(no_grad=False, float64=True)],
+                         ids=["interp's tools", "float64, no no_grad"])
+def test_patching_table_styles_pass(fn):
+    assert passes(check_patching_table, fn)
+
+
+@pytest.mark.parametrize("fn, words", [
+    (table_variant(normalise=False), "not normalised"),
+    (table_variant(reverse=True), r"sign is reversed \(you computed 1 - fraction"),
+    (table_variant(negate=True), "sign is reversed"),
+    (table_variant(swap=True), "direction is swapped"),
+    (table_variant(whole=True), "scored over the whole sequence"),
+    (table_variant(whole=True, own_targets=True), "against the corrupted run's own tokens"),
+    (table_variant(late=True), "scored one position late"),
+    (table_variant(whole_layer=True), "patched the whole layer"),
+    (table_variant(per_row=True), "averaged over rows"),
+    (table_variant(leave_hooks=True), r"left \d+ hook\(s\) registered"),
+], ids=["raw drop", "1 - x", "-x", "clean<->corrupted", "whole sequence", "corrupted tokens",
+        "one late", "whole layer", "per row", "hooks left"])
+def test_patching_table_mistakes_are_named(fn, words):
+    with pytest.raises(CheckFailure, match=words):
+        check_patching_table(fn)
+
+
+@pytest.mark.parametrize("fn, words", [
+    (lambda model, clean, corrupted: torch.zeros(3, 2), r"Wrong output shape.*\(3, 2\), expected "
+                                                        r"\(num_layers, num_heads\) = \(2, 4\)"),
+    (lambda model, clean, corrupted: (table_variant()(model, clean, corrupted)
+                                      if model.config.num_heads == 4 else torch.zeros(2, 4)),
+     r"Wrong output shape \(a random attention-only model with 3 layers of 2 heads.*\(2, 4\), "
+     r"expected \(num_layers, num_heads\) = \(3, 2\): read both from model.config"),
+    (lambda model, clean, corrupted: [[0.0] * 4] * 2, "should be a torch.Tensor"),
+    (lambda model, clean, corrupted: model(clean), "Wrong output shape"),
+    (lambda model, clean, corrupted: 1 / 0, "raised ZeroDivisionError"),
+    (lambda model, clean, corrupted: interp.patching_table(model, clean, corrupted),
+     "calls course_lib's interp.patching_table"),
+    (interp.patching_table, "course_lib's own functions"),
+])
+def test_patching_table_bad_answers_get_a_check_failure(fn, words):
+    with pytest.raises(CheckFailure, match=words):
+        check_patching_table(fn)
+
+
+def test_patching_table_stub(capsys):
+    def my_patching_table(model, clean, corrupted):
+        raise NotImplementedError
+
+    check_patching_table(my_patching_table)
+    assert "not implemented yet" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------------------------
+# all checkers
+# ----------------------------------------------------------------------------------------------
+
+
+def test_checkers_leave_the_global_random_state_alone(trained):
+    model, ids = trained
+    pairs = [(check_induction_score, _solution("12.induction_score")["my_induction_score"]),
+             (check_ablation_hook, _solution("12.ablation_hook")["my_ablation_hook"]),
+             (check_patching_hook, _solution("12.patching_hook")["my_patching_hook"]),
+             (lambda fn: check_predict_layers(fn, model, ids),
+              _solution("12.predict_layers")["predicted_layers"])]
+    assert_checkers_keep_random_state(pairs)

@@ -562,3 +562,27 @@ def test_checkers_leave_the_global_random_state_alone(trained):
              (lambda fn: check_predict_layers(fn, model, ids),
               _solution("12.predict_layers")["predicted_layers"])]
     assert_checkers_keep_random_state(pairs)
+
+
+@pytest.mark.parametrize("check, answer", [
+    (check_induction_score, lambda p, n: [None for _ in iter(int, 1)]),
+    (check_ablation_hook, lambda head, num_heads, mean=None: (lambda m, a: [0 for _ in iter(int, 1)])),
+    (check_patching_table, lambda model, clean, corrupted: [0 for _ in iter(int, 1)]),
+])
+def test_a_loop_that_never_ends_is_stopped(monkeypatch, check, answer):
+    from course_lib.checks import inside
+
+    monkeypatch.setattr(inside, "TIME_LIMITS", {k: 0.5 for k in inside.TIME_LIMITS})
+    with pytest.raises(CheckFailure, match="ran for more than 0.5 s and was stopped"):
+        check(answer)
+
+
+def test_every_exercise_has_a_solution_to_show(capsys):
+    from course_lib.solutions import show_solution, solution_keys
+
+    keys = ["12.ablation_hook", "12.induction_score", "12.patching_hook", "12.patching_table",
+            "12.predict_layers"]
+    assert solution_keys("12") == keys
+    for key in keys:
+        show_solution(key)
+        assert f"# Solution {key}" in capsys.readouterr().out

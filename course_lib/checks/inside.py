@@ -22,6 +22,8 @@ from __future__ import annotations
 import contextlib
 import inspect
 import numbers
+import signal
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -48,13 +50,42 @@ def _one_thread() -> Iterator[None]:
         torch.set_num_threads(before)
 
 
+# Seconds a checker lets the learner's code run in all (a correct answer needs well under 1 s;
+# the patching table a few): a loop that never ends is stopped with a CheckFailure.
+TIME_LIMITS = {"induction_score": 20.0, "predict_layers": 20.0, "ablation_hook": 30.0,
+               "patching_hook": 30.0, "patching_table": 60.0}
+
+
+@contextlib.contextmanager
+def _time_limit(seconds: float) -> Iterator[None]:
+    """Stop the checker after ``seconds`` with a ``CheckFailure`` (POSIX, main thread; a no-op
+    elsewhere), so that a loop that never ends cannot hang it."""
+    usable = hasattr(signal, "SIGALRM") and threading.current_thread() is threading.main_thread()
+    if not usable:
+        yield
+        return
+
+    def stop(signum: int, frame: Any) -> None:  # noqa: ARG001 (signal handler signature)
+        raise CheckFailure(f"Your code ran for more than {seconds:g} s and was stopped (a right "
+                           "answer takes about a second): does every loop end?")
+
+    previous = signal.signal(signal.SIGALRM, stop)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 def _no_raw_errors(body: Callable[..., None]) -> Callable[..., None]:
-    """Run a checker's body in a forked random state, without gradients, on one thread; anything
-    but a verdict becomes a ``CheckFailure`` that says so."""
+    """Run a checker's body in a forked random state, without gradients, on one thread, within
+    its time limit; anything but a verdict becomes a ``CheckFailure`` that says so."""
 
     def run(*args: Any) -> None:
         try:
-            with torch.random.fork_rng(devices=[]), torch.no_grad(), _one_thread():
+            with torch.random.fork_rng(devices=[]), torch.no_grad(), _one_thread(), \
+                    _time_limit(TIME_LIMITS[body.__name__.removeprefix("_check_")]):
                 body(*args)
         except (NotImplementedError, CheckFailure):
             raise
@@ -288,12 +319,14 @@ def _check_predict_layers(prediction: Any, model: GPT, ids: torch.Tensor) -> Non
     measured = (f"The scores put the previous-token head in layer {prev_layer} (head "
                 f"{prev_layer}.{prev_head}, score {prev_score:.2f}) and the best induction head in "
                 f"layer {ind_layer} (head {ind_layer}.{ind_head}, score {ind_score:.2f}).")
+    embedding = ("the token itself (RoPE puts positions into the query-key product, not into the "
+                 "stream)" if model.config.positional == "rope" else
+                 "the token and its own position, nothing about its neighbours")
     why = ("An induction head at position i attends to the position j whose PREVIOUS token is "
            "token i, so its keys must hold \"the token before me\". A token's embedding holds only "
-           "the token itself (RoPE puts positions into the query-key product, not into the stream); "
-           "only a previous-token head writes the token before into the residual stream, and a "
-           "later layer's keys can read it (K-composition). A previous-token head needs nothing "
-           "but the positions, which layer 0 already has.")
+           f"{embedding}; only a previous-token head writes the token before into the residual "
+           "stream, and a later layer's keys can read it (K-composition). A previous-token head "
+           "needs nothing but the positions, which layer 0 already has.")
     if said == {"previous_token": prev_layer, "induction": ind_layer}:
         print(f"check_predict_layers: right. {measured} {why}")
         return

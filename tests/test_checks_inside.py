@@ -498,8 +498,41 @@ def test_patching_table_solution_passes(capsys):
     assert "check_patching_table: both models" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("fn", [table_variant(), table_variant(no_grad=False, float64=True)],
-                         ids=["interp's tools", "float64, no no_grad"])
+@torch.no_grad()
+def table_full_runs(model, clean, corrupted):
+    """Whole sequences through the model (the last position's logits dropped), the learner's own
+    hooks, one row at a time for the losses, summed: also right."""
+    L, h = model.config.num_layers, model.config.num_heads
+    n = clean.size(1) // 2
+    projections = [block.self_attn.out_proj for block in model.blocks.layers]
+    kept = [None] * L
+
+    def second_half_sum(ids):
+        logits = model(ids)[:, n - 1:-1]  # (B, n, V): the predictions of tokens n .. 2n-1
+        return sum(F.cross_entropy(logits[b], clean[b, n:], reduction="sum") for b in range(len(ids)))
+
+    handles = [p.register_forward_pre_hook(lambda m, a, i=i: kept.__setitem__(i, a[0].clone()))
+               for i, p in enumerate(projections)]
+    high = second_half_sum(clean)
+    for handle in handles:
+        handle.remove()
+    low = second_half_sum(corrupted)
+    table = torch.empty(L, h)
+    for layer in range(L):
+        hd = kept[layer].size(-1) // h
+        for head in range(h):
+            def patch(m, a, layer=layer, head=head):
+                a[0][..., head * hd:(head + 1) * hd] = kept[layer][..., head * hd:(head + 1) * hd]
+
+            handle = projections[layer].register_forward_pre_hook(patch)
+            table[layer, head] = (low - second_half_sum(corrupted)) / (low - high)
+            handle.remove()
+    return table
+
+
+@pytest.mark.parametrize("fn", [table_variant(), table_variant(no_grad=False, float64=True),
+                                table_full_runs],
+                         ids=["interp's tools", "float64, no no_grad", "whole runs, own hooks"])
 def test_patching_table_styles_pass(fn):
     assert passes(check_patching_table, fn)
 

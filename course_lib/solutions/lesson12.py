@@ -7,7 +7,6 @@ here so that the notebook shows and the tests run the very same text.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 PATCHING_HOOK_BUG = '''\
 def my_patching_hook(head, num_heads, clean, position=None):
@@ -89,6 +88,8 @@ def my_patching_hook(head, num_heads, clean, position=None):
 def my_patching_table(model, clean, corrupted):
     """clean = [r, r], corrupted = [r', r] (B, 2n) -> (num_layers, h): the fraction of the
     repeated half's loss gap that patching one head's output from clean into corrupted closes."""
+    import torch.nn.functional as F
+
     num_layers, num_heads = model.config.num_layers, model.config.num_heads
     n = clean.size(1) // 2
     targets = clean[:, n:]  # (B, n): the second half's tokens, the same in both runs

@@ -16,7 +16,8 @@ For each notebook it
    JupyterLab or that VS Code selected).
 
 The repository URL, its branch and the oldest supported torch come from ``[tool.course]`` in
-pyproject.toml; the pins come from requirements.txt and requirements-js.txt.
+pyproject.toml; the pins come from requirements.txt and requirements-js.txt, and, for a lesson that
+uses TransformerLens, requirements-tl.txt, installed with --no-deps as `make setup` does.
 """
 
 from __future__ import annotations
@@ -202,6 +203,44 @@ def lesson_requirements(nb) -> list[str]:
     return needed
 
 
+def no_deps_requirements(nb) -> list[str]:
+    """The pins of requirements-tl.txt (TransformerLens) that a lesson's code needs: installed with
+    --no-deps, as `make setup` does, so that their declared dependencies change nothing else."""
+    code = "\n".join(c.source for c in nb.cells
+                     if c.cell_type == "code" and not is_setup_cell(c)).lower()
+    if not any(word in code for word in NEEDED_WHEN["einops"]):
+        return []
+    lines = (ROOT / "requirements-tl.txt").read_text().splitlines()
+    return [line.split("#")[0].strip() for line in lines if line.split("#")[0].strip()]
+
+
+# Only a lesson with no-deps pins gets these lines, so the other lessons' setup cells stay as they were.
+NO_DEPS_ANCHORS = (
+    'TORCH = (',
+    '    source = os.environ.get("COURSE_LIB_SOURCE", "").strip()\n',
+    '    steps = [("the lesson\'s requirements", wanted), ',
+)
+
+
+def with_no_deps(source: str, pins: list[str]) -> str:
+    """Add the no-deps pins and their install step to a setup cell's source."""
+    torch_line = next(line for line in source.splitlines() if line.startswith(NO_DEPS_ANCHORS[0]))
+    listed = "[" + "".join(f'\n    "{pin}",' for pin in pins) + "\n]"
+    steps = [
+        (torch_line, torch_line + "\n# Installed with --no-deps (as `make setup` does): their declared "
+                     "dependencies would\n# replace pinned packages, and the lesson never imports them.\n"
+                     f"NO_DEPS_REQUIREMENTS = {listed}"),
+        (NO_DEPS_ANCHORS[1], "    no_deps = [pin for pin in NO_DEPS_REQUIREMENTS if not installed(pin)]\n"
+                             + NO_DEPS_ANCHORS[1]),
+        (NO_DEPS_ANCHORS[2], NO_DEPS_ANCHORS[2].rstrip()
+         + '\n             ("TransformerLens", ["--no-deps", *no_deps] if no_deps else []),\n             '),
+    ]
+    for anchor, replacement in steps:
+        assert source.count(anchor) == 1, f"setup template changed: {anchor!r}"
+        source = source.replace(anchor, replacement)
+    return source
+
+
 def data_step(nb) -> str:
     """The setup cell's lines that fetch the data the lesson's code reads (usually none)."""
     code = "\n".join(c.source for c in nb.cells
@@ -215,11 +254,13 @@ def setup_source(nb, settings) -> str:
     torch_pin = pinned_requirements()["torch"].split("==")[1]
     requirements = lesson_requirements(nb)
     lines = ["["] + [f'    "{pin}",' for pin in requirements] + ["]"]
-    return SETUP_TEMPLATE.format(
+    source = SETUP_TEMPLATE.format(
         repository=settings["repository"], requirements="\n".join(lines),
         branch=settings["branch"],
         torch_pin=torch_pin, torch_min=settings["torch_min"], data_step=data_step(nb),
     )
+    pins = no_deps_requirements(nb)
+    return with_no_deps(source, pins) if pins else source
 
 
 def colab_url(path: Path, settings) -> str:

@@ -163,6 +163,7 @@ def test_predict_layers_a_dict_or_a_function_passes(trained, answer):
     ({"previous_token": 0, "induction": 1.0}, "should be a layer number"),
     ({"previous_token": 0, "induction": "layer 1"}, "should be a layer number"),
     ({"previous": 0, "induction": 1}, "exactly the keys"),
+    ({0: 0, "induction": 1}, "exactly the keys"),
     ((0, 1), "exactly the keys"),
     (None, "exactly the keys"),
 ])

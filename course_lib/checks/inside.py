@@ -303,7 +303,7 @@ def _check_predict_layers(prediction: Any, model: GPT, ids: torch.Tensor) -> Non
         got = _call(prediction, case="your prediction",
                     hint='Return a dict: {"previous_token": <layer>, "induction": <layer>}.')
     if not isinstance(got, dict) or set(got) != set(_KINDS):
-        keys = sorted(got) if isinstance(got, dict) else None
+        keys = sorted(map(repr, got)) if isinstance(got, dict) else None
         raise CheckFailure('Return a dict with exactly the keys "previous_token" and "induction", '
                            f"each a layer number; got {type(got).__name__}"
                            + (f" with keys {keys}." if keys is not None else f" {got!r}."))

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import signal
 import sys
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -151,6 +153,27 @@ def run_learner(fn: Callable[..., Any], *args: Any, case: str = "", hint: str = 
     except Exception as err:
         where = f" ({case})" if case else ""
         raise CheckFailure(f"Your code raised {type(err).__name__}{where}: {err}. {hint}".strip()) from err
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float, message: str) -> Iterator[None]:
+    """Stop the learner's code after ``seconds`` with ``CheckFailure(message)``, so that a loop that
+    never ends cannot hang a checker. A SIGALRM timer: POSIX, main thread; a no-op elsewhere."""
+    usable = hasattr(signal, "SIGALRM") and threading.current_thread() is threading.main_thread()
+    if not usable:
+        yield
+        return
+
+    def stop(signum: int, frame: Any) -> None:  # noqa: ARG001 (signal handler signature)
+        raise CheckFailure(message)
+
+    previous = signal.signal(signal.SIGALRM, stop)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def load_reference_weights(

@@ -19,8 +19,6 @@ import copy
 import functools
 import math
 import numbers
-import signal
-import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -33,7 +31,8 @@ from ..gpt import GPT, GPTConfig, from_hf_gpt2, hf_gpt2_config, lm_loss, load_in
 from ..layers import Encoder
 from ..lm_training import LMRecipe
 from ..masks import causal_mask
-from ._common import CheckFailure, calls_to, checker, expect_shape, is_course_lib, passed, run_learner
+from ._common import (CheckFailure, calls_to, checker, expect_shape, is_course_lib, passed, run_learner,
+                      time_limit)
 
 __all__ = ["check_initial_loss", "check_lm_loss", "check_gpt_forward", "check_lm_train", "check_generate",
            "check_attention_port"]
@@ -689,26 +688,10 @@ def _one_thread() -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-@contextlib.contextmanager
-def _time_limit(seconds: float, what: str) -> Iterator[None]:
-    """Stop the learner's code after ``seconds`` with a ``CheckFailure`` (POSIX, main thread; a
-    no-op elsewhere), so that a loop that never ends cannot hang the checker."""
-    usable = hasattr(signal, "SIGALRM") and threading.current_thread() is threading.main_thread()
-    if not usable:
-        yield
-        return
-
-    def stop(signum: int, frame: Any) -> None:  # noqa: ARG001 (signal handler signature)
-        raise CheckFailure(f"Your code ran for more than {seconds:g} s ({what}) and was stopped: "
-                           "does your loop end? It should run exactly as many steps as asked.")
-
-    previous = signal.signal(signal.SIGALRM, stop)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+def _time_limit(seconds: float, what: str) -> contextlib.AbstractContextManager[None]:
+    """Stop the learner's code after ``seconds`` (``time_limit``) with a message naming ``what``."""
+    return time_limit(seconds, f"Your code ran for more than {seconds:g} s ({what}) and was stopped: "
+                               "does your loop end? It should run exactly as many steps as asked.")
 
 
 def _random_gpt(config: GPTConfig, seed: int, std: float = 0.3) -> GPT:

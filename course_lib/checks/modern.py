@@ -29,7 +29,8 @@ from ..attention import MultiHeadAttention
 from ..gpt import GPTConfig
 from ..modern import kv_cache_bytes
 from ..rope import RotaryEmbedding, apply_rotary, rotary_frequencies
-from ._common import CheckFailure, Mistake, calls_to, checker, compare, expect_shape, is_course_lib
+from ._common import (CheckFailure, Mistake, calls_to, checker, compare, expect_shape, is_course_lib,
+                      run_learner)
 
 __all__ = ["check_kv_bytes", "check_rope_layout", "check_gqa", "check_rmsnorm", "check_swiglu",
            "check_apply_rope", "check_rope_decode"]
@@ -680,12 +681,7 @@ def _no_raw_errors(body: Callable[..., None]) -> Callable[..., None]:
 
 
 def _call(fn: Callable[..., Any], *args: Any, case: str, hint: str) -> Any:
-    try:
-        return fn(*args)
-    except (NotImplementedError, CheckFailure):
-        raise
-    except Exception as err:
-        raise CheckFailure(f"Your code raised {type(err).__name__} ({case}): {err}. {hint}") from err
+    return run_learner(fn, *args, case=case, hint=hint)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -257,7 +257,28 @@ def test_ablation_hook_styles_pass(fn):
 
 def test_ablation_hook_solution_passes(capsys):
     assert passes(check_ablation_hook, _solution("12.ablation_hook")["my_ablation_hook"])
-    assert "check_ablation_hook: all 6 cases" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "check_ablation_hook: all 6 cases" in out and "in place" not in out
+
+
+@pytest.mark.parametrize("returns", ["none", "tensor"])
+def test_ablation_hook_in_place_passes_with_a_note(returns, capsys):
+    """Changing args[0] in place works in this model: accepted, with a note to clone instead."""
+    assert passes(check_ablation_hook, ablation_variant(in_place=True, returns=returns))
+    out = capsys.readouterr().out
+    assert "all 6 cases" in out and "changes args[0], the tensor PyTorch passed in, in place" in out
+
+
+def test_ablation_hook_head_dim_written_in_is_named():
+    def fixed_32(head, num_heads, mean=None):
+        def hook(module, args):
+            x = args[0].clone()
+            x[..., head * 32:(head + 1) * 32] = 0.0 if mean is None else mean
+            return x
+        return hook
+
+    with pytest.raises(CheckFailure, match=r"head_dim is written in as 32.*size\(-1\) // num_heads"):
+        check_ablation_hook(fixed_32)
 
 
 @pytest.mark.parametrize("fn, words", [
@@ -284,7 +305,8 @@ def _raising_hook(head, num_heads, mean=None):
     (lambda head, num_heads, mean=None: 1 / 0, "raised ZeroDivisionError"),
     (lambda head, num_heads, mean=None: "hook", "not a hook"),
     (lambda head, num_heads, mean=None: (lambda module, args: "garbage"), "Your hook raised"),
-    (lambda head, num_heads, mean=None: (lambda module, args: torch.zeros(2)), "Your hook raised"),
+    (lambda head, num_heads, mean=None: (lambda module, args: torch.zeros(2)),
+     r"Your hook returned a tensor of shape \(2,\), but out_proj's input has shape \(3, 10, 48\)"),
     (lambda head, num_heads, mean=None: (lambda module, args: args[0] * 2), "differs"),
     (lambda head, num_heads, mean=None: interp.ablation_hook(head, num_heads, mean),
      "calls course_lib's interp.ablation_hook"),
@@ -420,7 +442,11 @@ def test_patching_hook_mistakes_are_named(fn, words):
 
 @pytest.mark.parametrize("fn, words", [
     (lambda head, num_heads, clean, position=None: None, "not a hook"),
-    (lambda head, num_heads, clean, position=None: (lambda m, a: a[0][:, :, :3]), "Your hook raised"),
+    (lambda head, num_heads, clean, position=None: (lambda m, a: a[0][:, :, :3]),
+     r"Your hook returned a tensor of shape \(3, 10, 3\).*return it in the shape it came in"),
+    (lambda head, num_heads, clean, position=None: (
+        lambda m, a: a[0].clone().view(*a[0].shape[:2], num_heads, -1)),
+     r"shape \(3, 10, 4, 12\), but out_proj's input has shape \(3, 10, 48\)"),
     (lambda head, num_heads, clean, position=None: (lambda m, a: 1 / 0), "ZeroDivisionError"),
     (lambda head, num_heads, clean, position=None: interp.patching_hook(head, num_heads, clean,
                                                                         position),

@@ -192,3 +192,44 @@ def test_lesson_09_setup_without_the_plays_or_a_network_says_so(synced, tmp_path
     message, bound = done.stdout.splitlines()
     assert message.startswith("Setup could not fetch Shakespeare's plays (") and "Traceback" not in done.stdout
     assert bound == "course_lib bound: True"
+
+
+def test_lesson_12_setup_installs_transformer_lens_without_its_dependencies(synced, tmp_path,
+                                                                             monkeypatch):
+    """Only lesson 12 installs TransformerLens, and with --no-deps (as `make setup` does): its
+    declared dependencies would replace the pinned torch and transformers. The setup cell runs here
+    as on a bare Colab kernel (nothing installed, no clone nearby), with pip recorded, not run."""
+    import importlib.metadata
+    import importlib.util
+
+    import course_lib.tasks
+
+    pin = next(line.strip() for line in (ROOT / "requirements-tl.txt").read_text().splitlines()
+               if line.startswith("transformer-lens=="))
+    for path in NOTEBOOKS:
+        source = first_code_cell(nbformat.read(synced / path.name, 4)).source
+        assert ("transformer-lens" in source) == path.name.startswith("12_"), path.name
+
+    calls = []
+
+    def fake_pip(args, **kwargs):
+        calls.append(args[args.index("install") + 2:])  # after "install", "--quiet"
+        return subprocess.CompletedProcess(args, 0, "", "")
+
+    def not_installed(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "course_lib" else real_find_spec(name, *a))
+    monkeypatch.setattr(importlib.metadata, "version", not_installed)
+    monkeypatch.setattr(subprocess, "run", fake_pip)
+    monkeypatch.setattr(course_lib.tasks, "fetch_shakespeare", lambda: None)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("COURSE_LIB_SOURCE", raising=False)
+    setup = first_code_cell(nbformat.read(synced / "12_inside_the_model.ipynb", 4)).source
+    exec(compile(setup, "setup cell", "exec"), {"__name__": "setup"})  # noqa: S102
+    lens_calls = [args for args in calls if any(a.startswith("transformer-lens") for a in args)]
+    assert lens_calls == [["--no-deps", pin]], calls
+    assert len(calls) == 3 and calls[-1][0] == "--no-deps"  # requirements, TransformerLens, course_lib
+    assert any(a.startswith("torch==") for a in calls[0]) and "--no-deps" not in calls[0]

@@ -375,12 +375,28 @@ def _run_with(model: GPT, ids: torch.Tensor, layer: int, hook: Any, case: str, h
     if not callable(hook):
         raise CheckFailure(f"Your function returned {type(hook).__name__}, not a hook ({case}): "
                            "return the inner function hook(module, args).")
+    shapes: list[tuple[tuple[int, ...], Any]] = []  # (input shape, what the hook returned)
+
+    def recorded(module: Any, args: tuple) -> Any:
+        shapes.append((tuple(args[0].shape), None))
+        result = hook(module, args)
+        shapes[-1] = (shapes[-1][0], result)
+        return result
+
     try:
-        with interp.hooked(model, layer, hook):
+        with interp.hooked(model, layer, recorded):
             out = model(ids)
     except (NotImplementedError, CheckFailure):
         raise
     except Exception as err:
+        if shapes:
+            wanted, result = shapes[-1]
+            got = result[0] if isinstance(result, tuple) and result else result
+            if isinstance(got, torch.Tensor) and tuple(got.shape) != wanted:
+                raise CheckFailure(
+                    f"Your hook returned a tensor of shape {tuple(got.shape)}, but out_proj's input "
+                    f"has shape {wanted} ({case}): return it in the shape it came in, the heads side "
+                    "by side (B, T, num_heads * head_dim), e.g. z.view(B, T, -1).") from err
         raise CheckFailure(f"Your hook raised {type(err).__name__} inside out_proj's forward "
                            f"({case}): {err}. {hint}") from err
     return out
@@ -435,6 +451,10 @@ def _ablation_mistakes(model: GPT, ids: torch.Tensor, layer: int, head: int,
                              f"`head`'s slice starts at head * head_dim",
                              lambda z, o=other: z.view(*z.shape[:2], h, hd)[:, :, o].copy_(
                                  torch.zeros_like(z.view(*z.shape[:2], h, hd)[:, :, o]) + fill)))
+    if mean is None:  # the lesson's head_dim, written in as a number (its slice reaches past head_dim)
+        variants.append(("head_dim is written in as 32 (the lesson's model); compute it from the input, "
+                         "head_dim = args[0].size(-1) // num_heads, so the hook fits any model",
+                         lambda z: z[..., head * 32 : (head + 1) * 32].zero_()))
     if mean is not None:
         variants.append(("the mean is ignored: with `mean` given, the head's output becomes `mean` "
                          "(mean-ablation), not 0",
@@ -446,6 +466,18 @@ def _ablation_mistakes(model: GPT, ids: torch.Tensor, layer: int, head: int,
         except CheckFailure:
             continue
     return found
+
+
+def _changes_its_input(hook: Any, model: GPT, layer: int) -> bool:
+    """Call ``hook`` on a tensor of out_proj's input shape: did it change that tensor in place?"""
+    gen = torch.Generator().manual_seed(11)
+    given = torch.randn(3, _HOOK_T, _HOOK_D_MODEL, generator=gen)  # (B, T, h * head_dim)
+    before = given.clone()
+    try:
+        hook(model.blocks.layers[layer].self_attn.out_proj, (given,))
+    except Exception:  # noqa: BLE001 (the run through the model already passed)
+        return False
+    return not torch.equal(given, before)
 
 
 _ABLATION_CASES = [  # (layer, head, mean: None, "vector" (head_dim,) or "positions" (T, head_dim))
@@ -472,6 +504,7 @@ def _check_ablation_hook(fn: Callable[..., Any]) -> None:
     ids = torch.randint(0, model.config.vocab_size, (3, _HOOK_T), generator=gen)  # (B, T)
     hd = _HOOK_D_MODEL // _HOOK_HEADS
     unhooked = model(ids)
+    in_place = False
     try:
         for layer, head, kind in _ABLATION_CASES:
             mean = None
@@ -494,14 +527,19 @@ def _check_ablation_hook(fn: Callable[..., Any]) -> None:
                                    "this exercise asks you to write.")
             with interp.hooked(model, layer, interp.ablation_hook(head, _HOOK_HEADS, mean)):
                 expected = model(ids)
-            if _close(got, expected, 1e-5):
-                continue
-            _hook_verdict(got, expected, unhooked, _ablation_mistakes(model, ids, layer, head, mean),
-                          case, _UNCHANGED_ABLATION)
+            if not _close(got, expected, 1e-5):
+                _hook_verdict(got, expected, unhooked,
+                              _ablation_mistakes(model, ids, layer, head, mean), case,
+                              _UNCHANGED_ABLATION)
+            in_place = in_place or _changes_its_input(hook, model, layer)
     finally:
         _remove_hooks(model)
     print(f"check_ablation_hook: all {len(_ABLATION_CASES)} cases match course_lib's reference "
           "(the model's logits with your hook). Well done!")
+    if in_place:
+        print("One note: your hook changes args[0], the tensor PyTorch passed in, in place. That works "
+              "here, but other code may still hold that tensor (a hook that saved it, for one): "
+              "change a clone, z = args[0].clone(), and return it.")
 
 
 # --- the patching hook (debug) ---------------------------------------------------------------

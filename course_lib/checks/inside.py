@@ -22,8 +22,6 @@ from __future__ import annotations
 import contextlib
 import inspect
 import numbers
-import signal
-import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -33,7 +31,7 @@ import torch.nn.functional as F
 from .. import interp
 from ..gpt import GPT
 from ..induction import induction_config, load_checkpoint, repeated_tokens
-from ._common import CheckFailure, calls_to, checker, is_course_lib
+from ._common import CheckFailure, calls_to, checker, is_course_lib, run_learner, time_limit
 
 __all__ = ["check_induction_score", "check_predict_layers", "check_ablation_hook",
            "check_patching_hook", "check_patching_table"]
@@ -56,26 +54,10 @@ TIME_LIMITS = {"induction_score": 20.0, "predict_layers": 20.0, "ablation_hook":
                "patching_hook": 30.0, "patching_table": 60.0}
 
 
-@contextlib.contextmanager
-def _time_limit(seconds: float) -> Iterator[None]:
-    """Stop the checker after ``seconds`` with a ``CheckFailure`` (POSIX, main thread; a no-op
-    elsewhere), so that a loop that never ends cannot hang it."""
-    usable = hasattr(signal, "SIGALRM") and threading.current_thread() is threading.main_thread()
-    if not usable:
-        yield
-        return
-
-    def stop(signum: int, frame: Any) -> None:  # noqa: ARG001 (signal handler signature)
-        raise CheckFailure(f"Your code ran for more than {seconds:g} s and was stopped (a right "
-                           "answer takes about a second): does every loop end?")
-
-    previous = signal.signal(signal.SIGALRM, stop)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+def _time_limit(seconds: float) -> contextlib.AbstractContextManager[None]:
+    """Stop the checker after ``seconds`` (``time_limit``), so that a loop that never ends cannot hang it."""
+    return time_limit(seconds, f"Your code ran for more than {seconds:g} s and was stopped (a right "
+                               "answer takes about a second): does every loop end?")
 
 
 def _no_raw_errors(body: Callable[..., None]) -> Callable[..., None]:
@@ -100,12 +82,7 @@ def _no_raw_errors(body: Callable[..., None]) -> Callable[..., None]:
 
 
 def _call(fn: Callable[..., Any], *args: Any, case: str, hint: str) -> Any:
-    try:
-        return fn(*args)
-    except (NotImplementedError, CheckFailure):
-        raise
-    except Exception as err:
-        raise CheckFailure(f"Your code raised {type(err).__name__} ({case}): {err}. {hint}") from err
+    return run_learner(fn, *args, case=case, hint=hint)
 
 
 def _refuse_reference(fn: Any, what: str) -> None:

@@ -19,7 +19,7 @@ import copy
 import functools
 import math
 import numbers
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -32,7 +32,7 @@ from ..layers import Encoder
 from ..lm_training import LMRecipe
 from ..masks import causal_mask
 from ._common import (CheckFailure, calls_to, checker, expect_shape, is_course_lib, passed, run_learner,
-                      time_limit)
+                      one_thread, time_limit)
 
 __all__ = ["check_initial_loss", "check_lm_loss", "check_gpt_forward", "check_lm_train", "check_generate",
            "check_attention_port"]
@@ -677,17 +677,6 @@ def _check_attention_port(fn: Callable[..., Any]) -> None:
 # ----------------------------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def _one_thread() -> Iterator[None]:
-    """Run a checker's tiny models on one thread (faster than two on a busy machine); restore."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 def _time_limit(seconds: float, what: str) -> contextlib.AbstractContextManager[None]:
     """Stop the learner's code after ``seconds`` (``time_limit``) with a message naming ``what``."""
     return time_limit(seconds, f"Your code ran for more than {seconds:g} s ({what}) and was stopped: "
@@ -763,7 +752,7 @@ def check_lm_loss(fn: Callable[..., Any]) -> None:
     """Check ``fn(model, window (B, T+1)) -> scalar``: the mean next-token cross-entropy over every
     position, ``lm_loss(model(window[:, :-1]), window[:, 1:])``. The global random state is left as
     it was."""
-    with torch.random.fork_rng(devices=[]), _one_thread():
+    with torch.random.fork_rng(devices=[]), one_thread():
         _check_lm_loss(fn)
 
 
@@ -893,7 +882,7 @@ def check_generate(fn: Callable[..., Any]) -> None:
     """Check ``fn(model, ids (B, T), max_new_tokens, temperature=1.0, top_k=None, generator=None)
     -> (B, T + max_new_tokens)``: the same tokens as ``GPT.generate`` with the same seed. The global
     random state is left as it was."""
-    with torch.random.fork_rng(devices=[]), _one_thread():
+    with torch.random.fork_rng(devices=[]), one_thread():
         _check_generate(fn)
 
 
@@ -1151,7 +1140,7 @@ def check_lm_train(fn: Callable[..., Any]) -> None:
     """Check ``fn(model, batches, recipe) -> list of per-step losses``: the weights after
     ``recipe.num_steps`` steps equal those of course_lib's recipe (AdamW, decay on matrices only,
     warm-up + cosine, clipping). The global random state is left as it was."""
-    with torch.random.fork_rng(devices=[]), _one_thread():
+    with torch.random.fork_rng(devices=[]), one_thread():
         _check_lm_train(fn)
 
 

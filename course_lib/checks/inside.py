@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import numbers
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -31,21 +31,10 @@ import torch.nn.functional as F
 from .. import interp
 from ..gpt import GPT
 from ..induction import induction_config, load_checkpoint, repeated_tokens
-from ._common import CheckFailure, calls_to, checker, is_course_lib, run_learner, time_limit
+from ._common import CheckFailure, calls_to, checker, is_course_lib, one_thread, run_learner, time_limit
 
 __all__ = ["check_induction_score", "check_predict_layers", "check_ablation_hook",
            "check_patching_hook", "check_patching_table"]
-
-
-@contextlib.contextmanager
-def _one_thread() -> Iterator[None]:
-    """Run a checker's tiny models on one thread (faster than two on a busy machine); restore."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 # Seconds a checker lets the learner's code run in all (a correct answer needs well under 1 s;
@@ -66,7 +55,7 @@ def _no_raw_errors(body: Callable[..., None]) -> Callable[..., None]:
 
     def run(*args: Any) -> None:
         try:
-            with torch.random.fork_rng(devices=[]), torch.no_grad(), _one_thread(), \
+            with torch.random.fork_rng(devices=[]), torch.no_grad(), one_thread(), \
                     _time_limit(TIME_LIMITS[body.__name__.removeprefix("_check_")]):
                 body(*args)
         except (NotImplementedError, CheckFailure):

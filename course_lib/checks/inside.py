@@ -70,6 +70,20 @@ def _no_raw_errors(body: Callable[..., None]) -> Callable[..., None]:
     return run
 
 
+def _learner_hook_output(fn: Callable[..., Any], args: tuple, reference: Callable[..., Any], model: GPT,
+                         ids: torch.Tensor, layer: int, case: str, refusal: str) -> tuple[Any, torch.Tensor]:
+    """Build the learner's hook from ``args`` and run ``model(ids)`` with it on ``layer``'s out_proj:
+    ``(hook, logits)``; refuse a hook factory that only calls course_lib's ``reference``."""
+    with calls_to([reference]) as seen:
+        hook = _call(fn, *args, case=case, hint="Build and return the inner hook function.")
+        got = _run_with(model, ids, layer, hook, case,
+                        "The hook receives (module, args); args[0] is out_proj's input "
+                        "(B, T, num_heads * head_dim).")
+    if seen:
+        raise CheckFailure(refusal)
+    return hook, got
+
+
 def _call(fn: Callable[..., Any], *args: Any, case: str, hint: str) -> Any:
     return run_learner(fn, *args, case=case, hint=hint)
 
@@ -483,14 +497,9 @@ def _check_ablation_hook(fn: Callable[..., Any]) -> None:
             case = (f"layer {layer}, head {head} of {_HOOK_HEADS}, head_dim {hd}, {what}, "
                     f"input (3, {_HOOK_T}, {_HOOK_D_MODEL})")
             args = (head, _HOOK_HEADS) if mean is None else (head, _HOOK_HEADS, mean.clone())
-            with calls_to([interp.ablation_hook]) as seen:
-                hook = _call(fn, *args, case=case, hint="Build and return the inner hook function.")
-                got = _run_with(model, ids, layer, hook, case,
-                                "The hook receives (module, args); args[0] is out_proj's input "
-                                "(B, T, num_heads * head_dim).")
-            if seen:
-                raise CheckFailure("Your function calls course_lib's interp.ablation_hook, the hook "
-                                   "this exercise asks you to write.")
+            hook, got = _learner_hook_output(fn, args, interp.ablation_hook, model, ids, layer, case,
+                                             "Your function calls course_lib's interp.ablation_hook, "
+                                             "the hook this exercise asks you to write.")
             with interp.hooked(model, layer, interp.ablation_hook(head, _HOOK_HEADS, mean)):
                 expected = model(ids)
             if not _close(got, expected, 1e-5):
@@ -592,14 +601,9 @@ def _check_patching_hook(fn: Callable[..., Any]) -> None:
             args = (head, _HOOK_HEADS, clean_z[layer].clone())
             if position is not None:
                 args += (position,)
-            with calls_to([interp.patching_hook]) as seen:
-                hook = _call(fn, *args, case=case, hint="Build and return the inner hook function.")
-                got = _run_with(model, corrupted, layer, hook, case,
-                                "The hook receives (module, args); args[0] is out_proj's input "
-                                "(B, T, num_heads * head_dim).")
-            if seen:
-                raise CheckFailure("Your function calls course_lib's interp.patching_hook: fix the "
-                                   "given hook instead.")
+            _, got = _learner_hook_output(fn, args, interp.patching_hook, model, corrupted, layer, case,
+                                       "Your function calls course_lib's interp.patching_hook: fix "
+                                       "the given hook instead.")
             with interp.hooked(model, layer, interp.patching_hook(head, _HOOK_HEADS, clean_z[layer],
                                                                   position)):
                 expected = model(corrupted)

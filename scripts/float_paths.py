@@ -18,23 +18,20 @@ from the native path), ``avx2`` and, where the CPU has it, ``avx512``.
   process, two processes side by side (pytest-xdist; conftest.py keeps a notebook on one worker);
 * the tests that train and strict nbval over the lessons that do not pin their thread count
   (``torch.set_num_threads``) with 2 threads, one process;
-* every lesson with the solutions in place of the stubs (``tests/notebooks_with_solutions.py``).
+* every lesson with the solutions in place of the stubs, outputs compared
+  (``tests/notebooks_with_solutions.py``), 1 thread, two side by side.
 
 ``--plan paired`` pairs the dimensions instead of crossing them (CI runs it on ``default``). `make
-test` already runs everything on the native path with 1 thread per process; the paired plan runs, on
-each given path:
+test` runs strict nbval over every lesson and the test modules that do not train, on the native path
+with 1 thread per process; the paired plan runs what it leaves out, on each given path:
 
-* the tests that train, with 2 threads (one process): the thread count is paired with them;
-* strict nbval of the lessons whose stored outputs depend on the float path, with 1 thread, two side
-  by side (as `make test`). A lesson depends on it by rule (``depends_on_float_path``): it has a cell
-  tagged ``nbval-ignore-output`` that is not a reveal cell, the tag the course gives
-  every output that differs between CPUs (tests/test_notebook_outputs.py, README "Numbers on your
-  machine"). A new lesson that trains, e.g. lesson 12, has such cells and is included with no edit
-  here. A lesson without them claims the same output on every path; that claim is checked on every
-  path by the full plan (`make test-portability`), and natively by `make test`.
+* every lesson with its solutions, 1 thread, two side by side. The run compares every output that is
+  not a checker's with the stored one, as strict nbval does, so it is also each lesson's strict
+  check on the second path (tests/notebooks_with_solutions.py);
+* the tests that train, with 2 threads (one process): the thread count is paired with them.
 
-So every path and both thread counts run, not every combination: no lesson runs with 2 threads and
-no solutions run on the second path (both are in the full plan).
+So both paths, both thread counts and every check run, not every combination: no lesson runs with
+2 threads and the tests that train do not run on the native path (both are in the full plan).
 
 It prints one line per run and a summary, and exits 1 if any run failed (pytest's exit code 5, "no
 tests collected", is not a failure: e.g. no lesson pins its threads).
@@ -61,7 +58,8 @@ TRAINING_TESTS = [
 NBVAL = ["--nbval-current-env", "--nbval-sanitize-with", "tests/nbval_sanitize.cfg",
          "--nbval-cell-timeout=600", "-p", "no:cacheprovider"]
 SIDE_BY_SIDE = ["-n", "2", "--dist", "loadscope"]  # as `make test`: 2 workers, 1 thread each
-SOLUTIONS = ["tests/notebooks_with_solutions.py", "-p", "no:cacheprovider"]
+# the path comes from ATEN_CPU_CAPABILITY, which runs() sets for the whole run
+SOLUTIONS = ["tests/notebooks_with_solutions.py", "--solutions-float-path", "native", *NBVAL]
 ORDER = ["default", "avx2", "avx512"]  # PyTorch's names, lowest first
 NO_TESTS = 5  # pytest's exit code when nothing was collected
 
@@ -90,15 +88,6 @@ def pins_threads(notebook: Path) -> bool:
     return "torch.set_num_threads(" in notebook.read_text()
 
 
-def depends_on_float_path(notebook: Path) -> bool:
-    """Whether a lesson stores an output that differs between float paths: a code cell tagged
-    ``nbval-ignore-output`` that is not a reveal cell (those carry the tag but store no output), as
-    tests/test_notebook_outputs.py counts them for the README's table."""
-    cells = json.loads(notebook.read_text(encoding="utf-8"))["cells"]
-    return any(c["cell_type"] == "code" and "nbval-ignore-output" in c.get("metadata", {}).get("tags", [])
-               and not c.get("metadata", {}).get("reveals") for c in cells)
-
-
 def runs(path: str, plan: str = "full") -> list[tuple[str, dict[str, str], list[str]]]:
     """(label, environment changes, pytest arguments) for one float path."""
     every = [str(nb.relative_to(ROOT)) for nb in NOTEBOOKS]
@@ -107,16 +96,15 @@ def runs(path: str, plan: str = "full") -> list[tuple[str, dict[str, str], list[
     training = training_tests()
     one, two = {"ATEN_CPU_CAPABILITY": path, "OMP_NUM_THREADS": "1"}, \
         {"ATEN_CPU_CAPABILITY": path, "OMP_NUM_THREADS": "2"}
+    solutions = ("every lesson with its solutions, outputs compared, 1 thread, 2 side by side", one,
+                 [*SIDE_BY_SIDE, *SOLUTIONS])
     if plan == "paired":
-        dependent = [str(nb.relative_to(ROOT)) for nb in NOTEBOOKS if depends_on_float_path(nb)]
-        return [("training tests, 2 threads", two, training),
-                ("strict nbval of the lessons whose outputs depend on the float path, 1 thread, "
-                 "2 side by side", one, [*SIDE_BY_SIDE, "--nbval", *dependent, *NBVAL])]
+        return [solutions, ("training tests, 2 threads", two, training)]
     return [("training tests and strict nbval of every lesson, 1 thread, 2 side by side", one,
              [*SIDE_BY_SIDE, *training, "--nbval", *every, *NBVAL]),
             ("training tests and strict nbval of the lessons that do not pin threads, 2 threads", two,
              [*training, "--nbval", *free, *NBVAL]),
-            ("every lesson with its solutions", {"ATEN_CPU_CAPABILITY": path}, SOLUTIONS)]
+            solutions]
 
 
 def main() -> int:

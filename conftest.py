@@ -45,15 +45,9 @@ NOT_COMPARED = ("application/javascript",)
 SOLUTIONS_FILE = "tests/notebooks_with_solutions.py"
 
 
-def _float_paths_module():
-    spec = importlib.util.spec_from_file_location("float_paths", ROOT / "scripts" / "float_paths.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _solutions_module():
-    spec = importlib.util.spec_from_file_location("notebooks_with_solutions", ROOT / SOLUTIONS_FILE)
+def _load(name: str, path: Path):
+    """Import a script that is not on sys.path (scripts/float_paths.py, the solutions run)."""
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -61,17 +55,17 @@ def _solutions_module():
 
 # Tests whose results depend on training (scripts/float_paths.py runs them on every float path):
 # its list, and every module that marks itself `pytestmark = pytest.mark.float_path`.
-FLOAT_PATH_MODULES = set(_float_paths_module().training_tests())
+FLOAT_PATH_MODULES = set(_load("float_paths", ROOT / "scripts" / "float_paths.py").training_tests())
 TIMINGS = ROOT / "build" / "timings" / "runs.jsonl"
 
 
 def pytest_addoption(parser):
     parser.addoption("--with-solutions", action="store_true",
-                     help=f"also run every lesson with its solutions ({SOLUTIONS_FILE}); `make test` does")
+                     help=f"also run every lesson with its solutions ({SOLUTIONS_FILE})")
     parser.addoption("--solutions-float-path", default="native",
                      choices=("default", "avx2", "avx512", "native"),
                      help="the float path (ATEN_CPU_CAPABILITY) of the solutions run's kernels; "
-                          "`make test` runs them on `default`, the second path beside strict nbval's native one")
+                          "`make test-solutions` and CI run them on `default`, the second path beside strict nbval's native one")
 
 
 def pytest_collect_file(file_path, parent):
@@ -80,7 +74,8 @@ def pytest_collect_file(file_path, parent):
     `pytest tests` alone leaves it out."""
     if file_path == ROOT / SOLUTIONS_FILE and (parent.config.getoption("with_solutions")
                                                 or parent.session.isinitpath(file_path)):
-        return _solutions_module().SolutionsRun.from_parent(parent, path=file_path)
+        return _load("notebooks_with_solutions", ROOT / SOLUTIONS_FILE).SolutionsRun.from_parent(
+            parent, path=file_path)
     return None
 
 
@@ -174,7 +169,7 @@ def _label() -> dict:
 
 
 def _unit_path(config, kind: str) -> dict:
-    """The float path of a solutions unit when it is not the run's (`make test`: `default`)."""
+    """The float path of a solutions unit when it is not the run's (`make test-solutions`: `default`)."""
     path = config.getoption("solutions_float_path", "native")
     return {"float_path": path} if kind == "solutions" and path != "native" else {}
 

@@ -1,7 +1,7 @@
 """The second run of every lesson: each exercise stub replaced by its solution, on the second float path,
 every other output compared with the stored one.
 
-    make test-solutions      (`make test` runs it too, beside strict nbval: ``--with-solutions``)
+    make test-solutions      (CI runs it on the portable float path after `make test`)
 
 Instructors need to know that every solution is right, in the notebook where learners use it. For each
 lesson this replaces every stub cell (metadata ``"exercise": "NN.name"``) by the solution block of
@@ -17,10 +17,11 @@ cell as nbval does (each cell is a test). It requires that
   under it are compared, so a solution that computes something else than course_lib is caught.
 
 **The second float path.** The kernel runs PyTorch's portable kernels (``ATEN_CPU_CAPABILITY=default``,
-``--solutions-float-path``; `make test` passes ``default``), while strict nbval runs the native ones:
-so one `make test` executes each lesson twice, once as a learner opens it on this CPU's kernels and
-once solved on the kernels that differ from the native ones on every x86 CPU, and compares both
-against the stored outputs (README, "Numbers on your machine"). Pass ``native`` to keep the caller's.
+``--solutions-float-path``; `make test-solutions` passes ``default``; CI sets the variable itself and
+passes ``native``), while `make test`'s strict nbval runs the native ones: so CI executes each lesson
+twice, once as a learner opens it on this CPU's kernels and once solved on the kernels that differ
+from the native ones on every x86 CPU, and compares both against the stored outputs (README,
+"Numbers on your machine"). ``native`` keeps the caller's path.
 
 The file name does not start with ``test_``, so ``pytest tests`` does not collect it: conftest.py
 collects it with ``--with-solutions`` or when it is named on the command line; each lesson is one unit

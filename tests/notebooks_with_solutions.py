@@ -17,11 +17,12 @@ cell as nbval does (each cell is a test). It requires that
   under it are compared, so a solution that computes something else than course_lib is caught.
 
 **The second float path.** The kernel runs PyTorch's portable kernels (``ATEN_CPU_CAPABILITY=default``,
-``--solutions-float-path``; `make test-solutions` passes ``default``; CI sets the variable itself and
-passes ``native``), while `make test`'s strict nbval runs the native ones: so CI executes each lesson
-twice, once as a learner opens it on this CPU's kernels and once solved on the kernels that differ
-from the native ones on every x86 CPU, and compares both against the stored outputs (README,
-"Numbers on your machine"). ``native`` keeps the caller's path.
+``--solutions-float-path``; `make test-solutions` passes ``default``; CI sets the variable itself, to
+the path just below the native one (``avx2`` on an AVX-512 CPU, ``default`` on an AVX2 one; see
+scripts/float_paths.py), and passes ``native``), while `make test`'s strict nbval runs the native ones:
+so CI executes each lesson twice, once as a learner opens it on this CPU's kernels and once solved on
+other kernels, and compares both against the stored outputs (README, "Numbers on your machine").
+``native`` keeps the caller's path.
 
 The file name does not start with ``test_``, so ``pytest tests`` does not collect it: conftest.py
 collects it with ``--with-solutions`` or when it is named on the command line; each lesson is one unit

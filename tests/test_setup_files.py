@@ -116,6 +116,37 @@ def test_ci_installs_chromium_and_runs_make_test_browser():
     assert "command -v chromium" in ci  # only when it is missing
 
 
+def _float_paths():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("float_paths", ROOT / "scripts" / "float_paths.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_ci_runs_the_paired_plan_after_make_test_on_the_second_path():
+    ci = (ROOT / ".ci" / "run").read_text()
+    commands = [line.strip() for line in ci.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    assert commands.index("make test") < commands.index("make test-portability PATHS=second PLAN=paired")
+    float_paths = _float_paths()
+    # the path just below the CPU's own; a CPU with one path has no other
+    assert float_paths.second_path(["default", "avx2", "avx512"]) == "avx2"
+    assert float_paths.second_path(["default", "avx2"]) == "default"
+    assert float_paths.second_path(["default"]) == "default"
+
+
+def test_the_paired_plan_runs_every_training_test_once_and_every_lesson_solved():
+    float_paths = _float_paths()
+    runs = float_paths.runs("avx2", "paired")
+    assert all(env["ATEN_CPU_CAPABILITY"] == "avx2" for _, env, _ in runs)
+    assert {env["OMP_NUM_THREADS"] for _, env, _ in runs} == {"1", "2"}  # both thread counts
+    named = [arg for _, _, args in runs for arg in args if arg.startswith("tests/test_")]
+    assert sorted(named) == float_paths.training_tests()  # each once
+    solutions = [args for _, _, args in runs if "tests/notebooks_with_solutions.py" in args]
+    assert len(solutions) == 1 and float_paths.GPT_RECIPE in solutions[0]
+
+
 def test_make_test_browser_runs_the_browser_test_on_every_lesson():
     assert re.search(r"^test-browser:\s*setup\b", (ROOT / "Makefile").read_text(), flags=re.M)
     assert "$(PY) scripts/browser_test.py notebooks/*.ipynb" in _recipe("test-browser")

@@ -2,7 +2,8 @@
 
 32 submissions of lessons 00, 01 and 02 are graded in one call of ``python -m course_lib.grade`` with
 two workers, and an endless loop in a second call with a 10 s cell limit, started at the same time (it
-mostly waits out its limit; one after the other, the module took 172 s alone, side by side 137 s).
+mostly waits out its limit; the module alone took 172 s one after the other, 137 s side by side on a
+slower day for this machine).
 Both run once per session.
 
 Not marked ``long`` (conftest.py starts those first): with two grading workers of its own it fills

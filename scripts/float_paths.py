@@ -24,7 +24,7 @@ from the native path), ``avx2`` and, where the CPU has it, ``avx512``.
 ``--paths second`` is the path just below this CPU's own: ``avx2`` on a CPU with AVX-512, ``default``
 on one with AVX2. CI runs the paired plan on it: it differs from the native path like any other, and
 on an AVX-512 CPU the vectorised AVX2 kernels train these models about twice as fast as the portable
-ones (their GELU alone is 40% of a GPT step on ``default``), so the second path costs half as much.
+ones (exact GELU and its gradient are 39% of a GPT step on ``default``), so the second path costs half as much.
 
 ``--plan paired`` pairs the dimensions instead of crossing them (CI runs it on the second path). `make
 test` runs strict nbval over every lesson and the test modules that do not train, on the native path

@@ -16,7 +16,7 @@ cell as nbval does (each cell is a test). It requires that
   version runs ("using your ..." here, "using course_lib's ..." in the stored lesson): the numbers
   under it are compared, so a solution that computes something else than course_lib is caught.
 
-**The second float path.** The kernel runs PyTorch's portable kernels (``ATEN_CPU_CAPABILITY=default``,
+**The second float path.** The kernel runs other kernels than strict nbval's (``ATEN_CPU_CAPABILITY``,
 ``--solutions-float-path``; `make test-solutions` passes ``default``; CI sets the variable itself, to
 the path just below the native one (``avx2`` on an AVX-512 CPU, ``default`` on an AVX2 one; see
 scripts/float_paths.py), and passes ``native``), while `make test`'s strict nbval runs the native ones:

@@ -1,10 +1,9 @@
 """The grader on a generated class (tests/grade_class.py): every row of grades.csv, the report, feedback.
 
 32 submissions of lessons 00, 01 and 02 are graded in one call of ``python -m course_lib.grade`` with
-two workers, and an endless loop in a second call with a 10 s cell limit, started at the same time (it
-mostly waits out its limit; the module alone took 172 s one after the other, 137 s side by side on a
-slower day for this machine).
-Both run once per session.
+two workers, and an endless loop in a second call with a 10 s cell limit, started at the same time: it
+mostly waits out its limit (the module alone took 172 s one after the other, 137 s side by side, on
+different days). Both run once per session.
 
 Not marked ``long`` (conftest.py starts those first): with two grading workers of its own it fills
 both cores when it runs last, after the other worker's lessons. Started first, it ran beside lessons
@@ -62,7 +61,12 @@ def graded(tmp_path_factory):
     before = (_digest(tmp / "class"), _digest(ROOT / "notebooks", "0[0-2]_*.ipynb"))  # the class's lessons
     # The endless loop's call waits out its 10 s limit; it runs beside the class's, not after it.
     slow_call = _start_grading(tmp / "out_slow", tmp / "slow", "--timeout", "10")
-    log = _finish_grading(_start_grading(tmp / "out", tmp / "class", "--workers", "2", "--timeout", "120"))
+    try:
+        log = _finish_grading(_start_grading(tmp / "out", tmp / "class", "--workers", "2", "--timeout", "120"))
+    except BaseException:
+        slow_call.kill()  # no grader left running behind a failed test
+        slow_call.communicate()
+        raise
     _finish_grading(slow_call)
     after = (_digest(tmp / "class"), _digest(ROOT / "notebooks", "0[0-2]_*.ipynb"))  # the class's lessons
     return {"tmp": tmp, "class": main_class, "slow": slow, "before": before, "after": after, "log": log}

@@ -145,6 +145,14 @@ def test_the_paired_plan_runs_every_training_test_once_and_every_lesson_solved()
     assert sorted(named) == float_paths.training_tests()  # each once
     solutions = [args for _, _, args in runs if "tests/notebooks_with_solutions.py" in args]
     assert len(solutions) == 1 and float_paths.GPT_RECIPE in solutions[0]
+    # the anchor's 2,000 steps: only in the full plan, which deselects nothing
+    assert solutions[0][-2:] == ["-m", "not anchor"]
+    assert not any("-m" in args for _, _, args in float_paths.runs("avx2", "full"))
+
+
+def test_the_anchor_marker_is_registered_and_used_once():
+    assert "anchor:" in (ROOT / "pyproject.toml").read_text()
+    assert (ROOT / "tests" / "test_gpt_recipe.py").read_text().count("@pytest.mark.anchor\n") == 1
 
 
 def test_make_test_browser_runs_the_browser_test_on_every_lesson():

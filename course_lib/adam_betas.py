@@ -2,30 +2,27 @@
 
     runs = run_betas(seeds=(0, 1, 2, 3, 4))       # 10 copy-task runs, about 12 s each on 1 thread
     save_betas(runs)                              # course_lib/results/adam_betas.json, under this
-                                                  # CPU's float path (make adam-betas)
+                                                  # CPU's float path (course_lib.stored)
     load_betas()["paths"]["avx2"]["runs"]         # what the lesson reads
 
 Each run is ``train_copy_task`` (lesson 06's recipe) with one setting of ``betas`` and one seed; it
 records the held-out exact match every 25 steps, the loss of every step and the size of every update
-|Δθ|. Training drifts apart from one float path to the next (the README, "Numbers on your machine"),
-so the file keeps the runs of each path it was written on, under the path's name.
+|Δθ|. The file keeps the runs of each float path it was written on (``course_lib.stored``).
 """
 
 from __future__ import annotations
 
-import datetime
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
 from .data import CopyTask
+from .stored import RESULTS_DIR, load_runs, save_runs
 from .training import ExactMatchTracker, copy_task_model, train_copy_task
 
 __all__ = ["BETAS", "UpdateSizes", "run_betas", "save_betas", "load_betas", "first_steps"]
 
-RESULTS = Path(__file__).parent / "results" / "adam_betas.json"
 BETAS = ((0.7, 0.99), (0.9, 0.99))  # the recipe's, then the paper's beta1 (the recipe's beta2)
 EVERY = 25  # steps between two exact-match evaluations
 
@@ -78,30 +75,11 @@ def first_steps(runs: list[dict], betas: Sequence[float]) -> list[int | None]:
     return [r["first_perfect"] for r in chosen]
 
 
-def save_betas(runs: list[dict], path: Path | str = RESULTS) -> Path:
-    """Store ``runs`` in the file under this CPU's float path (the runs of other paths are kept)."""
-    path = Path(path)
-    results = json.loads(path.read_text()) if path.is_file() else {"paths": {}}
-    capability = torch.backends.cpu.get_cpu_capability().lower()
-    results["paths"][capability] = {"torch": torch.__version__, "threads": torch.get_num_threads(),
-                                    "date": datetime.date.today().isoformat(), "runs": runs}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    blocks = []
-    for name, entry in sorted(results["paths"].items()):  # one run per line, for readable diffs
-        fields = [f"{json.dumps(k)}: {json.dumps(v)}" for k, v in entry.items() if k != "runs"]
-        head = ", ".join([*fields, '"runs": ['])
-        runs_text = ",\n".join("   " + json.dumps(r) for r in entry["runs"])
-        blocks.append(f"  {json.dumps(name)}: {{{head}\n{runs_text}\n  ]}}")
-    path.write_text('{"paths": {\n' + ",\n".join(blocks) + "\n}}\n")
-    return path
+def save_betas(runs: list[dict], folder: Path | str = RESULTS_DIR) -> Path:
+    """Store ``runs`` in ``folder/adam_betas.json`` under this CPU's float path (other paths kept)."""
+    return save_runs("adam_betas", runs, folder)
 
 
-def load_betas(path: Path | str | None = None) -> dict:
+def load_betas(folder: Path | str = RESULTS_DIR) -> dict:
     """The runs ``make adam-betas`` stored: ``{"paths": {path: {"runs": [...], ...}}}``."""
-    path = RESULTS if path is None else Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"load_betas: no results at {path}; run `make adam-betas` to write them")
-    results = json.loads(path.read_text())
-    if not results.get("paths"):
-        raise ValueError(f"load_betas: {path} holds no runs")
-    return results
+    return load_runs("adam_betas", folder, make="adam-betas")

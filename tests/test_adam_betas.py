@@ -3,12 +3,10 @@ tiny budget, saving beside other float paths, bad input."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 
-from course_lib.adam_betas import BETAS, RESULTS, first_steps, load_betas, run_betas, save_betas
+from course_lib.adam_betas import BETAS, first_steps, load_betas, run_betas
 from course_lib.training import copy_task_model, train_copy_task
 
 SEEDS = [0, 1, 2, 3, 4]
@@ -61,23 +59,8 @@ def test_the_runner_is_the_recipe_on_a_tiny_budget():
     assert runs[0]["update_sizes"][0] == pytest.approx((after - start).norm().item(), rel=1e-3)
 
 
-def test_saving_keeps_the_other_paths(tmp_path):
-    path = tmp_path / "betas.json"
-    path.write_text(json.dumps({"paths": {"elsewhere": {"threads": 1, "runs": []}}}))
-    run = {"betas": [0.7, 0.99], "seed": 0, "first_perfect": None, "steps": [25], "scores": [0.5],
-           "losses": [1.0], "update_sizes": [0.1]}
-    save_betas([run], path)
-    paths = load_betas(path)["paths"]
-    assert set(paths) == {"elsewhere", torch.backends.cpu.get_cpu_capability().lower()}
-    assert paths[torch.backends.cpu.get_cpu_capability().lower()]["runs"] == [run]
-
-
 def test_bad_input(tmp_path):
     with pytest.raises(FileNotFoundError, match="make adam-betas"):
-        load_betas(tmp_path / "none.json")
-    (tmp_path / "empty.json").write_text('{"paths": {}}')
-    with pytest.raises(ValueError, match="holds no runs"):
-        load_betas(tmp_path / "empty.json")
+        load_betas(tmp_path)
     with pytest.raises(ValueError, match="at least one seed"):
         run_betas(seeds=())
-    assert RESULTS.name == "adam_betas.json"

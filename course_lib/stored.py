@@ -1,0 +1,53 @@
+"""Stored runs: results of training runs that a lesson loads instead of repeating them live, kept per
+float path in ``course_lib/results/NAME.json`` (lesson 06's Adam runs, lesson 10's tokens against
+characters).
+
+    save_runs("adam_betas", runs)            # under this CPU's float path; other paths are kept
+    load_runs("adam_betas")["paths"]         # {"avx2": {"torch": ..., "threads": 1, "runs": [...]}, ...}
+
+Training drifts apart from one float path to the next (the README, "Numbers on your machine"), so a
+file keeps each path's runs under the path's name (``torch.backends.cpu.get_cpu_capability()``),
+one run per line.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from pathlib import Path
+
+import torch
+
+__all__ = ["RESULTS_DIR", "save_runs", "load_runs"]
+
+RESULTS_DIR = Path(__file__).parent / "results"
+
+
+def save_runs(name: str, runs: list[dict], folder: Path | str = RESULTS_DIR) -> Path:
+    """Store ``runs`` in ``folder/name.json`` under this CPU's float path; returns the file."""
+    path = Path(folder) / f"{name}.json"
+    results = json.loads(path.read_text()) if path.is_file() else {"paths": {}}
+    capability = torch.backends.cpu.get_cpu_capability().lower()
+    results["paths"][capability] = {"torch": torch.__version__, "threads": torch.get_num_threads(),
+                                    "date": datetime.date.today().isoformat(), "runs": runs}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    blocks = []
+    for key, entry in sorted(results["paths"].items()):  # one run per line, for readable diffs
+        fields = [f"{json.dumps(k)}: {json.dumps(v)}" for k, v in entry.items() if k != "runs"]
+        head = ", ".join([*fields, '"runs": ['])
+        runs_text = ",\n".join("   " + json.dumps(r) for r in entry["runs"])
+        blocks.append(f"  {json.dumps(key)}: {{{head}\n{runs_text}\n  ]}}")
+    path.write_text('{"paths": {\n' + ",\n".join(blocks) + "\n}}\n")
+    return path
+
+
+def load_runs(name: str, folder: Path | str = RESULTS_DIR, make: str = "") -> dict:
+    """``folder/name.json`` as stored: ``{"paths": {path: {"runs": [...], ...}}}``. ``make``: the
+    make target that writes it, for the error message."""
+    path = Path(folder) / f"{name}.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"load_runs: no results at {path}; run `make {make or name}` to write them")
+    results = json.loads(path.read_text())
+    if not results.get("paths"):
+        raise ValueError(f"load_runs: {path} holds no runs")
+    return results

@@ -1,0 +1,54 @@
+"""The training runs that lessons load instead of repeating them live, stored per float path.
+
+    python scripts/stored_runs.py adam-betas        (make adam-betas: lesson 06, Adam's beta1 0.7
+                                                    against 0.9, seeds 0-4; about 2.5 min on AVX2)
+    python scripts/stored_runs.py tokens-vs-chars   (make tokens-vs-chars: lesson 10, characters
+                                                    against 1,000 BPE tokens, seeds 0-4; about 3 min)
+    ATEN_CPU_CAPABILITY=default python scripts/stored_runs.py adam-betas    (another float path)
+
+One thread, as the lessons. Each writes ``course_lib/results/<name>.json`` under the float path it
+ran on (``course_lib.stored``); the other paths' runs stay in the file. Run it alone on a quiet
+machine, on every path you want the lesson to show (this CPU's own, and ``ATEN_CPU_CAPABILITY=``
+``default`` or ``avx2`` below it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from course_lib.adam_betas import BETAS, first_steps, run_betas, save_betas
+from course_lib.tokens_vs_chars import run_tokens_vs_chars, save_tokens_vs_chars
+
+
+def adam_betas(seeds: list[int]) -> None:
+    runs = run_betas(seeds)
+    print(f"-> {save_betas(runs)}")
+    for betas in BETAS:
+        print(f"  betas {betas}: first 100% at steps {first_steps(runs, betas)} (seeds {seeds})")
+
+
+def tokens_vs_chars(seeds: list[int]) -> None:
+    runs = run_tokens_vs_chars(seeds)
+    print(f"-> {save_tokens_vs_chars(runs)}")
+    for run in runs:
+        print(f"  seed {run['seed']}: characters {run['characters']:.3f}, BPE {run['bpe']:.3f} "
+              "bits per character")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("what", choices=["adam-betas", "tokens-vs-chars"])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    args = parser.parse_args()
+    torch.set_num_threads(1)  # the lessons' setting: a run repeats exactly on this machine
+    start = time.perf_counter()
+    {"adam-betas": adam_betas, "tokens-vs-chars": tokens_vs_chars}[args.what](args.seeds)
+    print(f"{args.what} on {torch.backends.cpu.get_cpu_capability()}: "
+          f"{time.perf_counter() - start:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

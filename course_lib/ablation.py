@@ -30,6 +30,7 @@ import torch
 from .gpt import GPT, GPTConfig
 from .lm_training import COURSE, LMRecipe, bits_per_char, train_lm
 from .model import count_parameters
+from .stored import read_results
 from .tasks import ShakespeareCorpus
 
 __all__ = ["ROWS", "BlockRecipe", "row_config", "matched_d_ff", "run_ablation", "ablation_table",
@@ -181,9 +182,4 @@ def save_ablation(results: dict, folder: Path | str = RESULTS_DIR) -> tuple[Path
 def load_ablation(path: Path | str | None = None) -> dict:
     """The results ``make ablation`` wrote (default: ``course_lib/results/ablation.json``)."""
     path = RESULTS_DIR / "ablation.json" if path is None else Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"load_ablation: no results at {path}; run `make ablation` to write them")
-    results = json.loads(path.read_text())
-    if not results.get("rows"):
-        raise ValueError(f"load_ablation: {path} has no rows")
-    return results
+    return read_results(path, "rows", "ablation", "load_ablation")

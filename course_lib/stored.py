@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["RESULTS_DIR", "save_runs", "load_runs"]
+__all__ = ["RESULTS_DIR", "save_runs", "load_runs", "read_results"]
 
 RESULTS_DIR = Path(__file__).parent / "results"
 
@@ -41,13 +41,19 @@ def save_runs(name: str, runs: list[dict], folder: Path | str = RESULTS_DIR) -> 
     return path
 
 
+def read_results(path: Path | str, key: str, make: str, who: str) -> dict:
+    """The JSON file at ``path``, which a make target wrote; a clear error if it is missing or its
+    ``key`` is empty (``who``: the function that asks, for the message)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{who}: no results at {path}; run `make {make}` to write them")
+    results = json.loads(path.read_text())
+    if not results.get(key):
+        raise ValueError(f"{who}: {path} holds no {key}")
+    return results
+
+
 def load_runs(name: str, folder: Path | str = RESULTS_DIR, make: str = "") -> dict:
     """``folder/name.json`` as stored: ``{"paths": {path: {"runs": [...], ...}}}``. ``make``: the
     make target that writes it, for the error message."""
-    path = Path(folder) / f"{name}.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"load_runs: no results at {path}; run `make {make or name}` to write them")
-    results = json.loads(path.read_text())
-    if not results.get("paths"):
-        raise ValueError(f"load_runs: {path} holds no runs")
-    return results
+    return read_results(Path(folder) / f"{name}.json", "paths", make or name, "load_runs")

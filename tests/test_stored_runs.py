@@ -35,7 +35,7 @@ def test_loading_says_what_to_run(tmp_path):
     with pytest.raises(FileNotFoundError, match="make tokens-vs-chars"):
         load_runs("nothing", tmp_path, make="tokens-vs-chars")
     (tmp_path / "empty.json").write_text('{"paths": {}}')
-    with pytest.raises(ValueError, match="holds no runs"):
+    with pytest.raises(ValueError, match="holds no paths"):
         load_runs("empty", tmp_path)
 
 

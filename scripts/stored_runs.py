@@ -4,6 +4,8 @@
                                                     against 0.9, seeds 0-4; about 2.5 min on AVX2)
     python scripts/stored_runs.py tokens-vs-chars   (make tokens-vs-chars: lesson 10, characters
                                                     against 1,000 BPE tokens, seeds 0-4; about 3 min)
+    python scripts/stored_runs.py dates-remedy      (make dates-remedy: lesson 08, 10 formats against
+                                                    11, seeds 0-4; about 9 min)
     ATEN_CPU_CAPABILITY=default python scripts/stored_runs.py adam-betas    (another float path)
 
 One thread, as the lessons. Each writes ``course_lib/results/<name>.json`` under the float path it
@@ -20,6 +22,7 @@ import time
 import torch
 
 from course_lib.adam_betas import BETAS, first_steps, run_betas, save_betas
+from course_lib.dates_remedy import run_remedy, save_remedy
 from course_lib.tokens_vs_chars import run_tokens_vs_chars, save_tokens_vs_chars
 
 
@@ -38,14 +41,23 @@ def tokens_vs_chars(seeds: list[int]) -> None:
               "bits per character")
 
 
+def dates_remedy(seeds: list[int]) -> None:
+    runs = run_remedy(seeds)
+    print(f"-> {save_remedy(runs)}")
+    for run in runs:
+        print(f"  seed {run['seed']}, {run['formats']} formats: year first {run['year_first']:.1%}, "
+              f"the ten formats {run['ten_formats']:.1%}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", choices=["adam-betas", "tokens-vs-chars"])
+    parser.add_argument("what", choices=["adam-betas", "tokens-vs-chars", "dates-remedy"])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     args = parser.parse_args()
     torch.set_num_threads(1)  # the lessons' setting: a run repeats exactly on this machine
     start = time.perf_counter()
-    {"adam-betas": adam_betas, "tokens-vs-chars": tokens_vs_chars}[args.what](args.seeds)
+    {"adam-betas": adam_betas, "tokens-vs-chars": tokens_vs_chars,
+     "dates-remedy": dates_remedy}[args.what](args.seeds)
     print(f"{args.what} on {torch.backends.cpu.get_cpu_capability()}: "
           f"{time.perf_counter() - start:.0f} s")
 

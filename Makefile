@@ -132,16 +132,18 @@ ablation: setup
 
 # Runs that lessons load instead of training them live (scripts/stored_runs.py), 1 thread, stored per
 # float path in course_lib/results/: lesson 06's Adam beta1 (0.7 against 0.9, seeds 0-4, about 2.5
-# min), lesson 10's characters against BPE tokens (seeds 0-4, about 3 min) and lesson 08's remedy
-# (10 formats against 11, seeds 0-4, about 9 min). Run again with ATEN_CPU_CAPABILITY=default (or
-# avx2) to add another path.
-.PHONY: adam-betas tokens-vs-chars dates-remedy
+# min), lesson 10's characters against BPE tokens (seeds 0-4, about 3 min), lesson 08's remedy
+# (10 formats against 11, seeds 0-4, about 9 min) and lesson 11's RoPE copy model on lengths 1-40
+# (seeds 0-4, about 5 min). Run again with ATEN_CPU_CAPABILITY=default (or avx2) to add another path.
+.PHONY: adam-betas tokens-vs-chars dates-remedy length-rope
 adam-betas: setup
 	$(PY) scripts/stored_runs.py adam-betas
 tokens-vs-chars: setup
 	$(PY) scripts/stored_runs.py tokens-vs-chars
 dates-remedy: setup
 	$(PY) scripts/stored_runs.py dates-remedy
+length-rope: setup
+	$(PY) scripts/stored_runs.py length-rope
 
 # Lesson 12's trained attention-only model with induction heads (course_lib/results/induction.pt).
 # A few minutes on 1 thread; the lesson loads it and trains only the first steps live.

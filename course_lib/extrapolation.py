@@ -50,6 +50,7 @@ from torch import nn
 from .attention import set_fused_attention
 from .gpt import GPT, POSITIONAL, GPTConfig, lm_loss
 from .lm_training import lm_optimizer, warmup_cosine
+from .stored import RESULTS_DIR, load_runs, save_runs
 from .tasks import VariableLengthTask
 from .training import train
 
@@ -57,7 +58,7 @@ __all__ = ["IGNORE", "SINUSOID_RMS", "scale_sinusoids", "TRAIN_MAX_LEN", "TEST_M
            "COPY_MAX_LEN", "copy_task", "make_copy_batch",
            "copy_prompt", "copy_config", "train_copy_model", "exact_match_by_length",
            "length_generalisation", "save_length_generalisation", "load_length_generalisation",
-           "RESULTS_PATH"]
+           "RESULTS_PATH", "run_rope_lengths", "save_rope_lengths", "load_rope_lengths"]
 
 IGNORE = -100  # F.cross_entropy's default ignore_index: no loss at this position
 TRAIN_MAX_LEN = 20  # training lengths 1..20
@@ -303,3 +304,32 @@ def load_length_generalisation(path: Path | str | None = None) -> dict:
     payload["results"] = {p: {int(s): {int(n): v for n, v in acc.items()} for s, acc in by_seed.items()}
                           for p, by_seed in payload["results"].items()}
     return payload
+
+
+def run_rope_lengths(seeds=(0, 1, 2), steps: int = 1500, per_length: int = 128) -> list[dict]:
+    """The RoPE copy model of ``length_generalisation``, per seed, for storing per float path
+    (``make length-rope``; lesson 11 loads these instead of training one live). Each run is a dict:
+    ``seed``, ``steps`` and ``exact_match``, the fraction copied at lengths 1..40 (a list, length
+    ``n`` at index ``n - 1``), rounded to 4 digits."""
+    seeds = list(seeds)
+    if not seeds:
+        raise ValueError("run_rope_lengths: give at least one seed")
+    task = copy_task()
+    runs = []
+    for seed in seeds:
+        model = train_copy_model("rope", seed, steps, task)
+        match = exact_match_by_length(model, task, range(1, TEST_MAX_LEN + 1), per_length, seed)
+        runs.append({"seed": seed, "steps": steps,
+                     "exact_match": [round(match[n], 4) for n in range(1, TEST_MAX_LEN + 1)]})
+    return runs
+
+
+def save_rope_lengths(runs: list[dict], folder: Path | str = RESULTS_DIR) -> Path:
+    """Store ``runs`` in ``folder/rope_lengths.json`` under this CPU's float path (other paths
+    kept)."""
+    return save_runs("rope_lengths", runs, folder)
+
+
+def load_rope_lengths(folder: Path | str = RESULTS_DIR) -> dict:
+    """``folder/rope_lengths.json``: ``{"paths": {path: {"runs": [...], "torch": ..., ...}}}``."""
+    return load_runs("rope_lengths", folder, make="length-rope")

@@ -37,7 +37,8 @@ with 1 thread per process; the paired plan runs what it leaves out, on each give
   (tests/test_gpt_recipe.py) runs in the same pool, first: the course's run against the anchor's
   recorded loss, not the anchor's own 2,000 steps (``-m "not anchor"``: the full plan runs them). With
   both runs it took 319 s with 2 threads and 527 s with one on `default`: 638 core-seconds against
-  527, so one thread beside the lessons, with no core waiting, finishes sooner;
+  527, so one thread beside the lessons, with no core waiting, finishes sooner. Lesson 11's stored
+  RoPE run, trained again (tests/test_rope_lengths.py: 1 thread, as it was stored), runs there too;
 * the other tests that train, with 2 threads (one process): the thread count is paired with them.
 
 So both paths, both thread counts and every check run, not every combination: no lesson runs with
@@ -71,8 +72,11 @@ SIDE_BY_SIDE = ["-n", "2", "--dist", "loadscope"]  # as `make test`: 2 workers, 
 # the path comes from ATEN_CPU_CAPABILITY, which runs() sets for the whole run
 SOLUTIONS = ["tests/notebooks_with_solutions.py", "--solutions-float-path", "native", *NBVAL]
 ORDER = ["default", "avx2", "avx512"]  # PyTorch's names, lowest first
-# The paired plan runs this one in the solutions run's pool, collected first so that it starts first.
+# The paired plan runs these in the solutions run's pool, collected first so that they start first:
+# the GPT recipe, and lesson 11's stored RoPE run repeated (one thread, as it was stored).
 GPT_RECIPE = "tests/test_gpt_recipe.py"
+ROPE_LENGTHS = "tests/test_rope_lengths.py"
+POOLED = [GPT_RECIPE, ROPE_LENGTHS]
 NO_TESTS = 5  # pytest's exit code when nothing was collected
 
 
@@ -118,8 +122,8 @@ def runs(path: str, plan: str = "full") -> list[tuple[str, dict[str, str], list[
     solutions = ("every lesson with its solutions, outputs compared, 1 thread, 2 side by side", one,
                  [*SIDE_BY_SIDE, *SOLUTIONS])
     if plan == "paired":
-        pooled = [t for t in training if t == GPT_RECIPE]
-        return [(f"{solutions[0]}, with {GPT_RECIPE} (first; not its anchor run)", one,
+        pooled = [t for t in training if t in POOLED]
+        return [(f"{solutions[0]}, with {' and '.join(pooled)} (first; not the anchor run)", one,
                  [*SIDE_BY_SIDE, *pooled, *SOLUTIONS, "-m", "not anchor"]),
                 ("the other training tests, 2 threads", two, [t for t in training if t not in pooled])]
     return [("training tests and strict nbval of every lesson, 1 thread, 2 side by side", one,

@@ -13,8 +13,8 @@ import torch.nn.functional as F
 from course_lib.embeddings import sinusoidal_positional_encoding
 from course_lib.extrapolation import (
     COPY_MAX_LEN, IGNORE, RESULTS_PATH, SINUSOID_RMS, copy_config, copy_prompt, copy_task,
-    exact_match_by_length, load_length_generalisation, make_copy_batch, save_length_generalisation,
-    scale_sinusoids, train_copy_model,
+    TRAIN_MAX_LEN, exact_match_by_length, load_length_generalisation, load_rope_lengths,
+    make_copy_batch, run_rope_lengths, save_length_generalisation, scale_sinusoids, train_copy_model,
 )
 from course_lib.gpt import GPT
 from course_lib.gpt import GPTConfig, lm_loss  # noqa: F811
@@ -133,6 +133,42 @@ def test_a_short_training_run_gives_a_model_that_generates(task):
     assert not model.training
     acc = exact_match_by_length(model, task, [1, 21], per_length=8)
     assert set(acc) == {1, 21} and all(0.0 <= v <= 1.0 for v in acc.values())
+
+
+def test_the_rope_runner_is_train_copy_model_on_a_tiny_budget(task):
+    (run,) = run_rope_lengths(seeds=[3], steps=51, per_length=2)
+    model = train_copy_model("rope", seed=3, steps=51, task=task)
+    match = exact_match_by_length(model, task, [1, 2, 40], per_length=2, seed=3)
+    assert run["seed"] == 3 and run["steps"] == 51 and len(run["exact_match"]) == 40
+    assert [run["exact_match"][n - 1] for n in (1, 2, 40)] == [round(match[n], 4) for n in (1, 2, 40)]
+    with pytest.raises(ValueError, match="at least one seed"):
+        run_rope_lengths(seeds=[])
+
+
+def test_the_stored_rope_runs_cover_five_seeds_on_two_paths():
+    stored = load_rope_lengths()["paths"]
+    assert set(stored) >= {"avx2", "default"}
+    for entry in stored.values():
+        assert entry["threads"] == 1
+        assert [r["seed"] for r in entry["runs"]] == [0, 1, 2, 3, 4]
+        for r in entry["runs"]:
+            assert r["steps"] == 1500 and len(r["exact_match"]) == 40
+            assert all(0.0 <= v <= 1.0 for v in r["exact_match"])
+
+
+def test_what_lesson_11_says_of_the_stored_rope_runs():
+    """Section 7's last cell and the text after it: every stored run copies at least 89% at every
+    trained length (the cell asserts 80%) and nothing from length 22 on (it asserts at most 2%);
+    length 21 ranges from 0.8% to 65.6% on AVX2 and from 26.6% to 50.8% on the portable kernels."""
+    at_21 = {}
+    for path, entry in load_rope_lengths()["paths"].items():
+        for r in entry["runs"]:
+            match = r["exact_match"]  # lengths 1..40
+            assert min(match[:TRAIN_MAX_LEN]) >= 0.89, (path, r["seed"])
+            assert max(match[TRAIN_MAX_LEN + 1:]) == 0.0, (path, r["seed"])
+        at_21[path] = sorted(r["exact_match"][TRAIN_MAX_LEN] for r in entry["runs"])
+    assert (at_21["avx2"][0], at_21["avx2"][-1]) == (0.0078, 0.6562)
+    assert (at_21["default"][0], at_21["default"][-1]) == (0.2656, 0.5078)
 
 
 def test_results_round_trip(tmp_path):

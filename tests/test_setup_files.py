@@ -145,6 +145,7 @@ def test_the_paired_plan_runs_every_training_test_once_and_every_lesson_solved()
     assert sorted(named) == float_paths.training_tests()  # each once
     solutions = [args for _, _, args in runs if "tests/notebooks_with_solutions.py" in args]
     assert len(solutions) == 1 and float_paths.GPT_RECIPE in solutions[0]
+    assert float_paths.ROPE_LENGTHS in solutions[0]  # one thread, beside the lessons
     # the anchor's 2,000 steps: only in the full plan, which deselects nothing
     assert solutions[0][-2:] == ["-m", "not anchor"]
     assert not any("-m" in args for _, _, args in float_paths.runs("avx2", "full"))

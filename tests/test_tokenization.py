@@ -240,12 +240,13 @@ def test_helpers_pair_counts_merge_and_pre_tokenize():
 
 def test_naive_and_incremental_training_give_identical_merges():
     play = next(p for p in ShakespeareCorpus().train_plays if p.title == "Hamlet")
-    naive = BPETokenizer.train(play.text, 256 + 300, method="naive")
-    fast = BPETokenizer.train(play.text, 256 + 300, method="incremental")
+    text = play.text[: len(play.text) // 2]  # half the play: the naive method's time is in its length
+    naive = BPETokenizer.train(text, 256 + 300, method="naive")
+    fast = BPETokenizer.train(text, 256 + 300, method="incremental")
     assert len(fast.merges) == 300
     assert list(naive.merges.items()) == list(fast.merges.items())
     # the first merge is the most frequent byte pair inside GPT-2's chunks, counted directly
-    counts = Counter(pair for chunk in regex.findall(GPT2_SPLIT_PATTERN, play.text)
+    counts = Counter(pair for chunk in regex.findall(GPT2_SPLIT_PATTERN, text)
                      for pair in zip(chunk.encode(), chunk.encode()[1:]))
     assert next(iter(fast.merges)) == counts.most_common(1)[0][0]
 

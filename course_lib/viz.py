@@ -224,11 +224,15 @@ def plot_model_view_static(
     if not layers or any(a.ndim != 3 for a in layers):
         raise ValueError("plot_model_view_static: pass one (num_heads, L, L) tensor per layer (select the batch row)")
     n_layers, n_heads = len(layers), layers[0].shape[0]
-    fig, axes = plt.subplots(n_layers, n_heads, figsize=(1.15 * n_heads + 2, 1.15 * n_layers + 1.2),
-                             squeeze=False, layout="constrained")
+    width, height = 1.15 * n_heads + 2, 1.15 * n_layers + 1.2  # inches
+    fig = plt.figure(figsize=(width, height))
+    # Fixed margins in inches, not layout="constrained", which took 3 of 5 seconds for MiniLM's 72
+    # panels: the title above, the layer labels on the left, the colorbar on the right.
+    grid = fig.add_gridspec(n_layers, n_heads, left=0.5 / width, right=1 - 1.5 / width,
+                            top=1 - 0.9 / height, bottom=0.1 / height, wspace=0.08, hspace=0.08)
     for l, a in enumerate(layers):
         for h in range(n_heads):
-            ax = axes[l, h]
+            ax = fig.add_subplot(grid[l, h])
             im = ax.imshow(a[h], cmap="viridis", vmin=0, vmax=1)
             ax.set_xticks([])
             ax.set_yticks([])
@@ -236,7 +240,8 @@ def plot_model_view_static(
                 ax.set_title(f"head {h}", fontsize=8)
             if h == 0:
                 ax.set_ylabel(f"layer {l}", fontsize=8)
-    fig.colorbar(im, ax=axes, shrink=0.7, label="attention weight (same scale in every panel)")
+    colorbar = fig.add_axes((1 - 1.2 / width, 0.15, 0.2 / width, 0.7))
+    fig.colorbar(im, cax=colorbar, label="attention weight (same scale in every panel)")
     fig.suptitle(f"{title}\ntokens: {' '.join(tokens)}", fontsize=10)
     return fig
 

@@ -42,8 +42,8 @@ BADGE_ALT = "Open In Colab"
 SOURCES_KEY = "attachment_sources"  # cell metadata: attachment name -> path relative to the notebook
 
 # Packages a lesson never needs at run time (the course's own tooling).
-DEV_ONLY = {"jupyterlab", "ipykernel", "ipython", "nbformat", "nbclient", "nbconvert", "pytest",
-            "nbval", "pytest-xdist", "websocket-client"}
+DEV_ONLY = {"jupyterlab", "ipykernel", "ipython", "nbformat", "jsonschema", "nbclient", "nbconvert",
+            "pytest", "nbval", "pytest-xdist", "websocket-client"}
 # Extra packages, needed only when the lesson's code mentions one of the words.
 NEEDED_WHEN = {
     "transformers": ("transformers", "pretrained", "minilm", "bertviz"),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import random
 import signal
 import sys
@@ -45,8 +46,11 @@ def calls_to(functions: Sequence[Callable[..., Any]]) -> Iterator[list[Callable[
 
     A profile hook sees every route a learner may take to course_lib's reference: the function
     itself, an alias, a wrapper, ``course_lib.module.function`` or a method that calls it.
+    A decorated reference is watched by its own body (``inspect.unwrap``): every function under
+    ``@torch.no_grad()`` or ``@functools.wraps`` shares the decorator's wrapper code, so watching that
+    would also flag the learner's own decorated function.
     """
-    codes = {f.__code__: f for f in functions}
+    codes = {inspect.unwrap(f).__code__: f for f in functions}
     called: list[Callable[..., Any]] = []
     previous = sys.getprofile()
 

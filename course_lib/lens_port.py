@@ -1,71 +1,128 @@
-"""course_lib's attention-only GPT as a TransformerLens ``HookedTransformer`` (lesson 12).
+"""course_lib's attention-only GPT inside TransformerLens 4 (lesson 12).
 
-Built from a ``HookedTransformerConfig`` (nothing downloaded), weights copied, no processing
-(``from_pretrained`` would fold LayerNorm weights into the next matrices and centre the writing
-weights; a model built from a config keeps them as they are, so the numbers equal ours).
+TransformerLens 4 removed ``HookedTransformer`` and ``HookedTransformerConfig``. A model is now a
+``TransformerBridge`` around an ``nn.Module``; ``TransformerBridge.boot_native(config)`` builds the
+library's own small model (TL-native, nothing downloaded) from a ``TransformerBridgeConfig``.
+``to_transformer_bridge(model)`` boots one of our model's sizes, copies our weights in with
+``bridge.load_state_dict`` (keys ``blocks.{l}.attn.q.weight`` ...) and switches on
+``enable_compatibility_mode(no_processing=True)``: HookedTransformer's hook names
+(``blocks.{l}.attn.hook_z`` as ``(B, T, h, d_head)``, ``hook_pattern``) without folding LayerNorm
+into the weights or centring them, so the weights stay ours, one for one.
 
 The conventions that differ:
 
-- ``nn.Linear`` stores ``(out, in)`` and applies ``x @ W.T``; TransformerLens stores per head and
-  applies ``x @ W``: ``W_Q, W_K, W_V`` are ``(h, d_model, d_head)``, ``W_O`` is ``(h, d_head, d_model)``,
-  biases ``b_Q, b_K, b_V`` are ``(h, d_head)``; ``W_U`` is ``(d_model, V)``, our ``lm_head.weight.T``.
-- ``hook_pattern`` is ``blocks.{l}.attn.hook_pattern``: ``(B, h, query, key)``, our ``attn_weights``;
-  ``hook_z`` is ``(B, T, h, d_head)``, our ``out_proj`` input viewed per head.
-- RoPE: ``positional_embedding_type="rotary"`` with ``rotary_adjacent_pairs=False`` is our
-  ``"halves"`` layout (GPT-NeoX's ``rotate_half``).
+- The native attention keeps ``nn.Linear``'s ``(out, in)`` for ``q``, ``k``, ``v``, ``o``, as we do;
+  ``W_Q`` and friends are per-head views ``(h, d_model, d_head)`` of the same numbers.
+- RoPE: the native model always turns ADJACENT pairs ``(2i, 2i + 1)`` (Llama's layout). Ours turns
+  ``(i, i + head_dim/2)`` (``"halves"``, GPT-NeoX's ``rotate_half``; lesson 11). Its config accepts
+  ``rotary_adjacent_pairs=False`` and ignores it. So the rows of ``W_Q`` and ``W_K`` (and their biases)
+  are permuted within each head, ``0, hd/2, 1, hd/2 + 1, ...``: the same dot products, so the same
+  patterns and logits, but ``hook_q`` and ``hook_k`` list each head's numbers in that other order.
+- ``TransformerBridgeConfig`` rounds ``rotary_base`` to an int; the port installs our own rotary
+  tables (float base kept) in the native model instead of its own.
+- Grouped-query attention (``num_kv_heads < num_heads``): the native model shares each key/value
+  head with ``num_heads // num_kv_heads`` query heads by ``repeat_interleave``, as ours does.
 """
 
 from __future__ import annotations
 
 import torch
+from torch import nn
 
 from .gpt import GPT
 
-__all__ = ["hooked_transformer_config", "to_hooked_transformer"]
+__all__ = ["bridge_config", "to_transformer_bridge", "rotary_permutation"]
 
 
-def hooked_transformer_config(model: GPT):
-    """The ``HookedTransformerConfig`` of ``model`` (a 2-layer attention-only RoPE GPT, or any
-    ``attn_only`` course GPT with LayerNorm and RoPE or learned positions)."""
-    from transformer_lens import HookedTransformerConfig
-
+def _check_model(model: object, where: str) -> GPT:
+    if isinstance(model, type) or not isinstance(model, GPT):
+        what = model.__name__ if isinstance(model, type) else type(model).__name__
+        hint = (" (a GPTConfig describes a model: build it with GPT(config) and train or load it)"
+                if what == "GPTConfig" else "")
+        raise TypeError(f"{where}: expected a course_lib GPT (the model itself), got {what}{hint}")
     c = model.config
     if not c.attn_only or c.norm != "layernorm" or c.positional not in ("rope", "learned"):
-        raise ValueError("hooked_transformer_config: ports an attn_only GPT with LayerNorm and "
-                         f"RoPE or learned positions, got {c}")
+        raise ValueError(f"{where}: ports an attn_only GPT with LayerNorm and RoPE or learned "
+                         f"positions, got attn_only={c.attn_only}, norm={c.norm!r}, "
+                         f"positional={c.positional!r}")
+    dtypes = {p.dtype for p in model.parameters()}
+    if len(dtypes) != 1 or not next(iter(dtypes)).is_floating_point:
+        raise ValueError(f"{where}: the model's parameters must share one float dtype, got {dtypes}")
+    return model
+
+
+def rotary_permutation(head_dim: int, layout: str = "halves") -> torch.Tensor:
+    """``(head_dim,)``: the order in which to list one head's query and key numbers so that a model
+    turning adjacent pairs turns the same planes as ours. ``"halves"``: ``[0, hd/2, 1, hd/2 + 1, ...]``
+    (plane i is numbers i and i + hd/2); ``"pairs"``: unchanged."""
+    if layout == "pairs":
+        return torch.arange(head_dim)
+    half = head_dim // 2
+    return torch.stack([torch.arange(half), torch.arange(half) + half], dim=-1).flatten()  # (hd,)
+
+
+def bridge_config(model: GPT):
+    """The ``TransformerBridgeConfig`` of ``model``, an attention-only course GPT with LayerNorm and
+    RoPE or learned positions, in the model's dtype. Its ``rotary_base`` is TransformerLens's int;
+    ``to_transformer_bridge`` keeps the float."""
+    from transformer_lens import TransformerBridgeConfig
+
+    c = _check_model(model, "bridge_config").config
     rotary = c.positional == "rope"
-    extra = dict(rotary_dim=c.head_dim, rotary_base=int(c.rope_base), rotary_adjacent_pairs=False) if rotary else {}
-    return HookedTransformerConfig(
-        n_layers=c.num_layers, d_model=c.d_model, n_ctx=c.max_len, d_head=c.head_dim, n_heads=c.num_heads,
+    extra = dict(rotary_dim=c.head_dim, rotary_base=c.rope_base) if rotary else {}
+    return TransformerBridgeConfig(
+        n_layers=c.num_layers, d_model=c.d_model, n_ctx=c.max_len, d_head=c.head_dim,
+        n_heads=c.num_heads, n_key_value_heads=c.num_kv_heads if c.num_kv_heads != c.num_heads else None,
         d_vocab=c.vocab_size, attn_only=True, normalization_type="LN", eps=c.layer_norm_eps,
-        positional_embedding_type="rotary" if rotary else "standard", act_fn=None, seed=None,
-        default_prepend_bos=False, device="cpu", dtype=torch.float32, **extra,
-    )
+        positional_embedding_type="rotary" if rotary else "standard", act_fn=None, seed=0,
+        default_prepend_bos=False, device="cpu", dtype=next(model.parameters()).dtype, **extra)
+
+
+def _linear(layer: nn.Linear, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    bias = layer.bias if layer.bias is not None else torch.zeros(rows, dtype=layer.weight.dtype)
+    return layer.weight, bias
 
 
 @torch.no_grad()
-def to_hooked_transformer(model: GPT):
-    """A ``HookedTransformer`` with ``model``'s weights (eval mode)."""
-    from transformer_lens import HookedTransformer
+def to_transformer_bridge(model: GPT):
+    """A ``TransformerBridge`` (TL-native model, compatibility mode, no weight processing, eval mode)
+    with ``model``'s weights and dtype. Its logits, ``hook_pattern`` and ``hook_z`` equal ours."""
+    from transformer_lens import TransformerBridge
 
+    model = _check_model(model, "to_transformer_bridge")
     c = model.config
-    tl = HookedTransformer(hooked_transformer_config(model))
-    h, hd, d = c.num_heads, c.head_dim, c.d_model
-    sd = {"embed.W_E": model.embed.token.embedding.weight, "unembed.W_U": model.lm_head.weight.T,
-          "unembed.b_U": torch.zeros(c.vocab_size),
-          "ln_final.w": model.blocks.norm.weight, "ln_final.b": model.blocks.norm.bias}
+    dtype = next(model.parameters()).dtype
+    bridge = TransformerBridge.boot_native(bridge_config(model), dtype=dtype)
+    h, kv, hd, d = c.num_heads, c.num_kv_heads, c.head_dim, c.d_model
+    layout = model.rotary.layout if c.positional == "rope" else "pairs"
+    perm = rotary_permutation(hd, layout)
+
+    def per_head_rows(t: torch.Tensor, heads: int) -> torch.Tensor:  # rows (heads * hd, ...) permuted
+        return t.reshape(heads, hd, *t.shape[1:])[:, perm].reshape(t.shape)
+
+    sd = {"embed.weight": model.embed.token.embedding.weight,
+          "unembed.weight": model.lm_head.weight,
+          "unembed.bias": (model.lm_head.bias if model.lm_head.bias is not None
+                           else torch.zeros(c.vocab_size, dtype=dtype)),
+          "ln_final.weight": model.blocks.norm.weight, "ln_final.bias": model.blocks.norm.bias}
     if c.positional == "learned":
-        sd["pos_embed.W_pos"] = model.embed.position.embedding.weight
-    zeros = torch.zeros(h, hd)
+        sd["pos_embed.weight"] = model.embed.position.embedding.weight
     for i, layer in enumerate(model.blocks.layers):
         attn, p = layer.self_attn, f"blocks.{i}."
-        sd[p + "ln1.w"], sd[p + "ln1.b"] = layer.norm1.weight, layer.norm1.bias
-        for name, proj in (("Q", attn.q_proj), ("K", attn.k_proj), ("V", attn.v_proj)):
-            sd[p + f"attn.W_{name}"] = proj.weight.view(h, hd, d).transpose(1, 2)  # (h, d, hd)
-            sd[p + f"attn.b_{name}"] = zeros if proj.bias is None else proj.bias.view(h, hd)
-        sd[p + "attn.W_O"] = attn.out_proj.weight.T.reshape(h, hd, d)  # (d, h*hd) -> (h, hd, d)
-        sd[p + "attn.b_O"] = torch.zeros(d) if attn.out_proj.bias is None else attn.out_proj.bias
-    missing, unexpected = tl.load_state_dict({k: v.clone() for k, v in sd.items()}, strict=False)
-    if unexpected or any(not k.endswith(("mask", "IGNORE", "rotary_sin", "rotary_cos")) for k in missing):
-        raise RuntimeError(f"to_hooked_transformer: missing {missing}, unexpected {unexpected}")
-    return tl.eval()
+        sd[p + "ln1.weight"], sd[p + "ln1.bias"] = layer.norm1.weight, layer.norm1.bias
+        for name, proj, heads in (("q", attn.q_proj, h), ("k", attn.k_proj, kv), ("v", attn.v_proj, kv)):
+            weight, bias = _linear(proj, heads * hd)
+            if name != "v":  # the RoPE layout: adjacent pairs in TransformerLens
+                weight, bias = per_head_rows(weight, heads), per_head_rows(bias, heads)
+            sd[p + f"attn.{name}.weight"], sd[p + f"attn.{name}.bias"] = weight, bias
+        sd[p + "attn.o.weight"], sd[p + "attn.o.bias"] = _linear(attn.out_proj, d)
+    result = bridge.load_state_dict({k: v.detach().clone() for k, v in sd.items()}, strict=False)
+    if result.unexpected_keys or result.missing_keys:
+        raise RuntimeError(f"to_transformer_bridge: missing {result.missing_keys}, unexpected "
+                           f"{result.unexpected_keys}")
+    native = bridge.original_model
+    if c.positional == "rope":  # our tables (float rope_base), listed in adjacent-pair order
+        native.rotary.cos_cached = model.rotary.cos[:, perm].to(dtype).clone()
+        native.rotary.sin_cached = model.rotary.sin[:, perm].to(dtype).clone()
+    bridge.enable_compatibility_mode(no_processing=True, disable_warnings=True)
+    return bridge.eval()

@@ -1,10 +1,8 @@
 """Lesson 12's tools (course_lib.interp, course_lib.induction, course_lib.lens_port): the scores on
 hand-made patterns, the hooks against hand-computed forwards, direct logit attribution summing to
-the logits, the attention-only GPT, and everything equal to TransformerLens (float64 and float32)."""
+the logits, the attention-only GPT (the TransformerLens comparison: tests/test_lens_port.py)."""
 
 from __future__ import annotations
-
-import warnings
 
 import pytest
 import torch
@@ -12,9 +10,7 @@ import torch
 from course_lib import interp
 from course_lib.gpt import GPT, GPTConfig
 from course_lib.induction import induction_config, repeated_tokens, tiled_batch
-from course_lib.lens_port import to_hooked_transformer
 
-warnings.filterwarnings("ignore", message="HookedTransformer is deprecated", category=DeprecationWarning)
 
 
 def random_model(seed: int = 0, dtype=torch.float32, **changes) -> GPT:
@@ -194,43 +190,6 @@ def test_key_path_ablation_keeps_scores_when_the_head_writes_nothing():
     full = interp.induction_score(interp.attention_patterns(model, x)[1], n)
     torch.testing.assert_close(interp.key_path_ablation(model, x, 2), full)
     assert not torch.allclose(interp.key_path_ablation(model, x, 1), full)
-
-
-# --- TransformerLens ---
-
-
-# float64: the two rotary tables are computed in float32 (ours) and otherwise (theirs): ~1e-6 apart
-@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-5), (torch.float32, 1e-4)])
-@pytest.mark.parametrize("positional", ["rope", "learned"])
-def test_equal_to_transformer_lens(dtype, tol, positional):
-    model = random_model(positional=positional, dtype=dtype)
-    tl = to_hooked_transformer(model).to(dtype)
-    x = ids()
-    with torch.no_grad():
-        ours = model(x)
-        theirs, cache = tl.run_with_cache(x)
-    torch.testing.assert_close(theirs, ours, atol=tol, rtol=tol)
-    for layer, pattern in enumerate(interp.attention_patterns(model, x)):
-        torch.testing.assert_close(cache[f"blocks.{layer}.attn.hook_pattern"], pattern, atol=tol, rtol=tol)
-    for layer, z in enumerate(interp.head_outputs(model, x)):
-        torch.testing.assert_close(cache[f"blocks.{layer}.attn.hook_z"], z, atol=tol, rtol=tol)
-
-    def zero_head(z, hook):
-        z[:, :, 2] = 0.0
-        return z
-
-    with torch.no_grad():
-        tl_ablated = tl.run_with_hooks(x, fwd_hooks=[("blocks.0.attn.hook_z", zero_head)])
-        with interp.hooked(model, 0, interp.ablation_hook(2, 4)):
-            ablated = model(x)
-    torch.testing.assert_close(tl_ablated, ablated, atol=tol, rtol=tol)
-    assert (ablated - ours).abs().max() > 0.1  # the ablation did something
-
-
-def test_transformer_lens_port_refuses_a_model_with_feed_forward():
-    with pytest.raises(ValueError, match="attn_only"):
-        to_hooked_transformer(GPT(induction_config(attn_only=False)))
-
 
 
 def test_training_and_the_benchmark_line_run_on_a_tiny_budget():

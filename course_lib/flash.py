@@ -1,0 +1,281 @@
+"""FlashAttention from scratch: the online softmax and FlashAttention-2's tiled passes (lesson 13).
+
+Attention never needs the whole ``(L_q, L_k)`` score matrix at once. A row's softmax can be built
+from blocks of keys, keeping three numbers per query (Milakov and Gimelshein, 2018):
+
+    m  the running maximum of the scores seen so far
+    ℓ  the running sum of exp(score - m)
+    O  the running sum of exp(score - m) * value            (not yet divided by ℓ)
+
+Two such partial states merge exactly (``merge_softmax_states``). FlashAttention-2 (Dao, 2023),
+Algorithm 1, for each tile of queries Q_i (``block_q`` rows), over the tiles K_j, V_j
+(``block_k`` rows):
+
+    1  S = Q_i K_j^T * scale                                (block_q, block_k), the only scores held
+    2  m_new = max(m, rowmax(S))
+    3  P = exp(S - m_new)
+    4  ℓ = exp(m - m_new) ℓ + rowsum(P)
+    5  O = exp(m - m_new) O + P V_j
+    6  m = m_new
+  after the last tile:
+    7  O_i = O / ℓ,   L_i = m + log ℓ                        (L: the log-sum-exp, saved for backward)
+
+Algorithm 2, the backward pass, recomputes each tile's probabilities from Q, K and L instead of
+storing them, with D = rowsum(dO ∘ O):
+
+    1  P = exp(Q_i K_j^T * scale - L_i)
+    2  dV_j += P^T dO_i
+    3  dP = dO_i V_j^T
+    4  dS = P ∘ (dP - D_i)
+    5  dQ_i += dS K_j * scale,   dK_j += dS^T Q_i * scale
+
+So memory grows with L (the inputs, the output, L and D), plus one tile of scores: not with L².
+
+Conventions, as ``F.scaled_dot_product_attention``: ``q (B, h, L_q, d)``, ``k (B, kv, L_k, d)``,
+``v (B, kv, L_k, d_v)``; ``kv`` divides ``h`` (grouped-query attention: query head i reads KV head
+``i // (h // kv)``); ``mask`` bool broadcastable to ``(B, h, L_q, L_k)``, True = may attend;
+``is_causal`` is SDPA's top-left causal mask (query i sees keys 0..i, also when L_q != L_k), and may
+be combined with ``mask``. A query that may attend to no key gets a zero output, a log-sum-exp of
+-inf and zero gradients (what SDPA returns on CPU), never NaN.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = ["merge_softmax_states", "flash_attention_forward", "flash_attention_backward",
+           "FlashAttention", "flash_attention", "naive_attention"]
+
+_NEG_INF = float("-inf")
+
+
+def merge_softmax_states(
+    m_a: torch.Tensor, ell_a: torch.Tensor, o_a: torch.Tensor,
+    m_b: torch.Tensor, ell_b: torch.Tensor, o_b: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Merge two partial softmax states of the same rows, seen over disjoint sets of keys.
+
+    ``m (...,)`` running maximum, ``ell (...,)`` sum of exp(score - m), ``o (..., d_v)`` sum of
+    exp(score - m) * value. Returns ``(m, ell, o)`` of all the keys together: each state is
+    rescaled to the common maximum, ``exp(m_a - m)``, then added. A state that has seen no key
+    (m = -inf, ell = 0, o = 0) leaves the other unchanged (no NaN from -inf - -inf).
+    """
+    m = torch.maximum(m_a, m_b)
+    m_safe = torch.where(m == _NEG_INF, 0.0, m)  # rows with no key at all: any finite reference
+    alpha, beta = torch.exp(m_a - m_safe), torch.exp(m_b - m_safe)  # each state's rescaling
+    return m, alpha * ell_a + beta * ell_b, alpha[..., None] * o_a + beta[..., None] * o_b
+
+
+def _tiles(n: int, block: int) -> list[tuple[int, int]]:
+    """``[(start, end), ...]`` covering ``0..n`` in blocks of ``block`` (the last one may be short)."""
+    return [(start, min(start + block, n)) for start in range(0, n, block)]
+
+
+def _check_block(value: object, name: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"flash_attention: {name} must be an int >= 1, got {value!r}")
+
+
+def _prepare(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+    scale: float | None, block_q: int, block_k: int,
+) -> tuple[torch.Tensor | None, float]:
+    """Check every input and say what to fix; return the mask as ``(B, kv, g, L_q, L_k)`` (a view,
+    never a copy) and the scale."""
+    where = "flash_attention"
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{where}: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{where}: {name} must be 4-D (B, heads, L, head_dim), got shape {tuple(t.shape)}")
+        if not t.is_floating_point():
+            raise TypeError(f"{where}: {name} must be a floating-point tensor, got {t.dtype}")
+        if 0 in t.shape:
+            raise ValueError(f"{where}: {name} is empty, shape {tuple(t.shape)}")
+    if not (q.dtype == k.dtype == v.dtype) or not (q.device == k.device == v.device):
+        raise TypeError(f"{where}: q, k and v must share dtype and device, got {q.dtype}/{q.device}, "
+                        f"{k.dtype}/{k.device}, {v.dtype}/{v.device}")
+    (B, h, L_q, d), (B_k, kv, L_k, d_k) = q.shape, k.shape
+    if B_k != B or v.size(0) != B:
+        raise ValueError(f"{where}: q, k and v must have the same batch size, got {B}, {B_k}, {v.size(0)}")
+    if d_k != d:
+        raise ValueError(f"{where}: q and k must share head_dim, got q {tuple(q.shape)} and k {tuple(k.shape)}")
+    if v.shape[1:3] != k.shape[1:3]:
+        raise ValueError(f"{where}: k and v must have the same heads and length, got k {tuple(k.shape)} "
+                         f"and v {tuple(v.shape)}")
+    if h % kv:
+        raise ValueError(f"{where}: the number of query heads ({h}) must be a multiple of the number of "
+                         f"KV heads ({kv}) (grouped-query attention)")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not torch.isfinite(t).all():
+            raise ValueError(f"{where}: {name} contains NaN or inf; attention of it would too")
+    _check_block(block_q, "block_q")
+    _check_block(block_k, "block_k")
+    if scale is None:
+        scale = 1.0 / math.sqrt(d)
+    elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
+        raise ValueError(f"{where}: scale must be a finite number or None (1/sqrt(head_dim)), got {scale!r}")
+    if mask is None:
+        return None, float(scale)
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+        got = mask.dtype if isinstance(mask, torch.Tensor) else type(mask).__name__
+        raise TypeError(f"{where}: mask must be a bool tensor (True = may attend), got {got}. Convert a "
+                        "0/1 mask with mask.bool(), an additive -inf mask with mask == 0")
+    try:
+        full = mask.expand(B, h, L_q, L_k)  # a view: no (L_q, L_k) matrix is made here
+    except RuntimeError:
+        raise ValueError(f"{where}: mask of shape {tuple(mask.shape)} does not broadcast to "
+                         f"(B, h, L_q, L_k) = {(B, h, L_q, L_k)}; a padding mask of keys is "
+                         "(B, 1, 1, L_k)") from None
+    return full.unflatten(1, (kv, h // kv)), float(scale)  # (B, kv, g, L_q, L_k)
+
+
+def _allowed(mask5: torch.Tensor | None, is_causal: bool, i0: int, i1: int, j0: int, j1: int,
+             device: torch.device) -> torch.Tensor | None:
+    """Bool ``(..., i1-i0, j1-j0)``: which keys of tile j each query of tile i may see, or None (all)."""
+    allowed = None if mask5 is None else mask5[..., i0:i1, j0:j1]
+    if is_causal and j1 - 1 > i0:  # the tile crosses the diagonal: some of it is in the future
+        rows = torch.arange(i0, i1, device=device)[:, None]
+        cols = torch.arange(j0, j1, device=device)[None, :]
+        causal = rows >= cols  # (bq, bk)
+        allowed = causal if allowed is None else allowed & causal
+    return allowed
+
+
+def _skipped(is_causal: bool, i1: int, j0: int) -> bool:
+    """True if causal attention hides the whole tile: its first key is after its last query."""
+    return is_causal and j0 > i1 - 1
+
+
+def flash_attention_forward(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
+    is_causal: bool = False, scale: float | None = None, block_q: int = 64, block_k: int = 64,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """FlashAttention-2's forward pass (Algorithm 1), one tile of scores at a time.
+
+    ``q (B, h, L_q, d)``, ``k (B, kv, L_k, d)``, ``v (B, kv, L_k, d_v)`` -> ``(out (B, h, L_q, d_v),
+    lse (B, h, L_q))``, where ``lse`` is the log-sum-exp of each query's scaled, masked scores.
+    Block sizes need not divide the lengths. Without gradients; ``flash_attention`` adds them.
+    """
+    mask5, scale = _prepare(q, k, v, mask, scale, block_q, block_k)
+    B, h, L_q, _ = q.shape
+    kv, L_k, d_v = k.size(1), k.size(2), v.size(-1)
+    q5 = q.unflatten(1, (kv, h // kv))  # (B, h, L_q, d) -> (B, kv, g, L_q, d): a group per KV head
+    k5, v5 = k.unsqueeze(2), v.unsqueeze(2)  # (B, kv, 1, L_k, d): shared by the group
+    out = q.new_zeros(B, kv, h // kv, L_q, d_v)
+    lse = q.new_full((B, kv, h // kv, L_q), _NEG_INF)
+    with torch.no_grad():
+        for i0, i1 in _tiles(L_q, block_q):
+            q_i = q5[..., i0:i1, :]
+            m = q.new_full((*q_i.shape[:-1],), _NEG_INF)  # (B, kv, g, bq)
+            ell = q.new_zeros(m.shape)
+            o = q.new_zeros(*m.shape, d_v)  # (B, kv, g, bq, d_v)
+            for j0, j1 in _tiles(L_k, block_k):
+                if _skipped(is_causal, i1, j0):
+                    break  # this tile and every later one lie wholly in the future
+                allowed = _allowed(mask5, is_causal, i0, i1, j0, j1, q.device)
+                if allowed is not None and not allowed.any():
+                    continue  # nothing to see in this tile
+                s = q_i @ k5[..., j0:j1, :].transpose(-2, -1) * scale  # (B, kv, g, bq, bk)   1
+                if allowed is not None:
+                    s = s.masked_fill(~allowed, _NEG_INF)
+                m_new = torch.maximum(m, s.amax(dim=-1))  # 2
+                m_safe = torch.where(m_new == _NEG_INF, 0.0, m_new)  # a row with no key yet
+                p = torch.exp(s - m_safe[..., None])  # 3 (hidden keys: exp(-inf) = 0)
+                alpha = torch.exp(m - m_safe)  # how much the old state shrinks
+                ell = alpha * ell + p.sum(dim=-1)  # 4
+                o = alpha[..., None] * o + p @ v5[..., j0:j1, :]  # 5
+                m = m_new  # 6
+            seen = ell > 0  # False: the query may attend to no key
+            out[..., i0:i1, :] = torch.where(seen[..., None], o / torch.where(seen, ell, 1.0)[..., None],
+                                             0.0)  # 7
+            lse[..., i0:i1] = torch.where(seen, m + torch.log(torch.where(seen, ell, 1.0)), _NEG_INF)
+    return out.flatten(1, 2), lse.flatten(1, 2)  # (B, h, L_q, d_v), (B, h, L_q)
+
+
+def flash_attention_backward(
+    d_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+    lse: torch.Tensor, mask: torch.Tensor | None = None, is_causal: bool = False,
+    scale: float | None = None, block_q: int = 64, block_k: int = 64,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """FlashAttention-2's backward pass (Algorithm 2): ``(dq, dk, dv)``, shaped as ``q, k, v``.
+
+    ``d_out (B, h, L_q, d_v)`` is the gradient of the output; ``out`` and ``lse`` are what
+    ``flash_attention_forward`` returned. The probabilities are recomputed tile by tile from
+    ``q``, ``k`` and ``lse``; the gradients of a group's query heads add up in their KV head.
+    """
+    mask5, scale = _prepare(q, k, v, mask, scale, block_q, block_k)
+    h, kv, L_q, L_k = q.size(1), k.size(1), q.size(2), k.size(2)
+    g = h // kv
+    q5, d_out5 = q.unflatten(1, (kv, g)), d_out.unflatten(1, (kv, g))  # (B, kv, g, L_q, .)
+    lse5 = lse.unflatten(1, (kv, g))  # (B, kv, g, L_q)
+    lse5 = torch.where(lse5 == _NEG_INF, 0.0, lse5)  # a row that sees nothing: all its P are 0
+    D = (d_out5 * out.unflatten(1, (kv, g))).sum(dim=-1)  # (B, kv, g, L_q): rowsum(dO ∘ O)
+    dq = torch.zeros_like(q5)
+    dk, dv = torch.zeros_like(k), torch.zeros_like(v)
+    with torch.no_grad():
+        for j0, j1 in _tiles(L_k, block_k):
+            k_j, v_j = k[:, :, None, j0:j1], v[:, :, None, j0:j1]  # (B, kv, 1, bk, .)
+            for i0, i1 in _tiles(L_q, block_q):
+                if _skipped(is_causal, i1, j0):
+                    continue  # queries before this tile's first key
+                allowed = _allowed(mask5, is_causal, i0, i1, j0, j1, q.device)
+                if allowed is not None and not allowed.any():
+                    continue
+                q_i, d_out_i = q5[..., i0:i1, :], d_out5[..., i0:i1, :]
+                s = q_i @ k_j.transpose(-2, -1) * scale  # (B, kv, g, bq, bk)
+                if allowed is not None:
+                    s = s.masked_fill(~allowed, _NEG_INF)
+                p = torch.exp(s - lse5[..., i0:i1, None])  # 1
+                dv[:, :, j0:j1] += (p.transpose(-2, -1) @ d_out_i).sum(dim=2)  # 2: the group adds up
+                dp = d_out_i @ v_j.transpose(-2, -1)  # 3
+                ds = p * (dp - D[..., i0:i1, None])  # 4
+                dq[..., i0:i1, :] += ds @ k_j * scale  # 5
+                dk[:, :, j0:j1] += (ds.transpose(-2, -1) @ q_i).sum(dim=2) * scale
+    return dq.flatten(1, 2), dk, dv
+
+
+class FlashAttention(torch.autograd.Function):
+    """Autograd for the tiled passes: saves ``q, k, v, out`` and the log-sum-exp, nothing ``L²``."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, mask, is_causal, scale, block_q, block_k):  # noqa: ANN001, ANN205
+        out, lse = flash_attention_forward(q, k, v, mask, is_causal, scale, block_q, block_k)
+        ctx.save_for_backward(q, k, v, out, lse, mask)
+        ctx.options = (is_causal, scale, block_q, block_k)
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, d_out, d_lse):  # noqa: ANN001, ANN205, ARG004 (lse gets no gradient)
+        q, k, v, out, lse, mask = ctx.saved_tensors
+        dq, dk, dv = flash_attention_backward(d_out.contiguous(), q, k, v, out, lse, mask, *ctx.options)
+        return dq, dk, dv, None, None, None, None, None
+
+
+def flash_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
+    is_causal: bool = False, scale: float | None = None, block_q: int = 64, block_k: int = 64,
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Attention as ``F.scaled_dot_product_attention`` computes it, forward and backward by tiles.
+
+    ``q (B, h, L_q, d)``, ``k (B, kv, L_k, d)``, ``v (B, kv, L_k, d_v)`` -> ``(B, h, L_q, d_v)``
+    (and the log-sum-exp ``(B, h, L_q)`` with ``return_lse``). See the module's docstring.
+    """
+    out, lse = FlashAttention.apply(q, k, v, mask, is_causal, scale, block_q, block_k)
+    return (out, lse) if return_lse else out
+
+
+def naive_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool = False,
+) -> torch.Tensor:
+    """Lesson 01's attention on ``(B, h, L, d)`` heads, the whole ``(L, L)`` score matrix at once:
+    the baseline whose memory lesson 13 measures. Autograd keeps the scores' softmax for backward."""
+    from .attention import scaled_dot_product_attention
+    from .masks import causal_mask
+
+    mask = causal_mask(q.size(-2), q.device) if is_causal else None
+    return scaled_dot_product_attention(q, k, v, mask)[0]

@@ -101,7 +101,13 @@ class InductionRun:
 def repeated_half_losses(model: GPT, ids: torch.Tensor) -> tuple[float, float]:
     """Mean next-token loss (nats) on ``ids = [r, r]`` ``(B, 2n)``: over the predictions of the
     first half's tokens 1..n-1 (unpredictable: about ln V) and of the second half's tokens."""
-    n = ids.size(1) // 2
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.is_floating_point():
+        raise ValueError(f"repeated_half_losses: ids must be token ids (B, 2n), got "
+                         f"{tuple(ids.shape) if isinstance(ids, torch.Tensor) else type(ids).__name__}")
+    T, n = ids.size(1), ids.size(1) // 2
+    if T % 2 or n < 2 or not torch.equal(ids[:, :n], ids[:, n:]):
+        raise ValueError(f"repeated_half_losses: ids {tuple(ids.shape)} is not two copies [r, r] of a "
+                         "block r of at least 2 tokens; build it with repeated_tokens")
     with torch.no_grad():
         logits = model(ids[:, :-1])  # (B, 2n-1, V): position t predicts token t+1
         losses = F.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")  # (B, 2n-1)

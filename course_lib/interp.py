@@ -35,6 +35,41 @@ def _attentions(model: GPT) -> list[MultiHeadAttention]:
     return [layer.self_attn for layer in model.blocks.layers]
 
 
+def _check_index(value: object, name: str, count: int, where: str) -> int:
+    """``value`` as an int in ``0 .. count - 1``, or a ValueError naming ``name`` and the range."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_floating_point():
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < count:
+        raise ValueError(f"{where}: {name} must be an int in 0 .. {count - 1}, got {value!r}")
+    return value
+
+
+def _check_model(model: object, where: str) -> GPT:
+    if not isinstance(model, GPT):
+        raise TypeError(f"{where}: expected a course_lib GPT, got {type(model).__name__}")
+    return model
+
+
+def _check_ids(ids: object, where: str, name: str = "ids") -> torch.Tensor:
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.is_floating_point():
+        what = tuple(ids.shape) if isinstance(ids, torch.Tensor) else type(ids).__name__
+        raise ValueError(f"{where}: {name} must be token ids (B, T), an integer tensor, got {what}")
+    return ids
+
+
+def _check_two_copies(ids: object, where: str, name: str = "ids") -> int:
+    """``n`` for ``ids = [r, r]`` ``(B, 2n)``, ``n >= 2``; else a ValueError: not two copies."""
+    ids = _check_ids(ids, where, name)
+    T = ids.size(1)
+    n = T // 2
+    if T % 2 or n < 2 or not torch.equal(ids[:, :n], ids[:, n:]):
+        why = (f"an odd length {T}" if T % 2 else f"length {T}, copies of fewer than 2 tokens"
+               if n < 2 else "the second half differs from the first")
+        raise ValueError(f"{where}: {name} {tuple(ids.shape)} is not two copies [r, r] of a block r "
+                         f"of at least 2 tokens ({why}); build it with induction.repeated_tokens")
+    return n
+
+
 @torch.no_grad()
 def attention_patterns(model: GPT, ids: torch.Tensor) -> list[torch.Tensor]:
     """The attention weights of every layer on ``ids (B, T)``: a list of ``(B, h, T, T)``."""
@@ -53,22 +88,32 @@ def attention_patterns(model: GPT, ids: torch.Tensor) -> list[torch.Tensor]:
     return patterns
 
 
-def _check_pattern(pattern: torch.Tensor, where: str) -> None:
+def _check_pattern(pattern: torch.Tensor, where: str) -> torch.Tensor:
+    """``pattern`` as a float tensor ``(B, h, T, T)`` (integer 0/1 patterns are accepted)."""
+    if not isinstance(pattern, torch.Tensor):
+        raise ValueError(f"{where}: pattern must be a tensor (B, h, T, T), got {type(pattern).__name__}")
     if pattern.dim() != 4 or pattern.size(-1) != pattern.size(-2):
         raise ValueError(f"{where}: pattern must be (B, h, T, T), got {tuple(pattern.shape)}")
+    return pattern if pattern.is_floating_point() else pattern.float()
 
 
 def previous_token_score(pattern: torch.Tensor) -> torch.Tensor:
     """``(B, h, T, T) -> (h,)``: mean weight from position i to i - 1 (i = 1 .. T-1)."""
-    _check_pattern(pattern, "previous_token_score")
+    pattern = _check_pattern(pattern, "previous_token_score")
+    if pattern.size(-1) < 2:
+        raise ValueError(f"previous_token_score: needs at least 2 positions, got {tuple(pattern.shape)}")
     return pattern.diagonal(offset=-1, dim1=-2, dim2=-1).mean(dim=(0, 2))  # (B, h, T-1) -> (h,)
 
 
 def duplicate_token_score(pattern: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """``(B, h, T, T)``, ``ids (B, T) -> (h,)``: mean total weight that a token puts on earlier
     positions holding the same token, over the positions that have such an earlier copy."""
-    _check_pattern(pattern, "duplicate_token_score")
-    T = ids.size(1)
+    pattern = _check_pattern(pattern, "duplicate_token_score")
+    _check_ids(ids, "duplicate_token_score")
+    B, h, T, _ = pattern.shape
+    if ids.shape != (B, T):
+        raise ValueError(f"duplicate_token_score: ids {tuple(ids.shape)} do not fit the pattern "
+                         f"{tuple(pattern.shape)}: ids must be (B, T) = {(B, T)}")
     same = ids[:, :, None] == ids[:, None, :]  # (B, T, T): same token at query and key
     earlier = torch.ones(T, T, dtype=torch.bool).tril(-1)  # (T, T): key strictly before query
     target = same & earlier  # (B, T, T)
@@ -82,7 +127,10 @@ def duplicate_token_score(pattern: torch.Tensor, ids: torch.Tensor) -> torch.Ten
 def induction_score(pattern: torch.Tensor, length: int) -> torch.Tensor:
     """``(B, h, 2n, 2n)`` on ``[r, r]`` with ``n = length -> (h,)``: mean weight from each position
     i of the second copy (n .. 2n-1) to i - n + 1, the token after the earlier occurrence."""
-    _check_pattern(pattern, "induction_score")
+    pattern = _check_pattern(pattern, "induction_score")
+    if isinstance(length, bool) or not isinstance(length, int) or length < 1:
+        raise ValueError(f"induction_score: length must be an int >= 1 (the length n of r in "
+                         f"[r, r]), got {length!r}")
     if pattern.size(-1) < 2 * length:
         raise ValueError(f"induction_score: pattern covers {pattern.size(-1)} positions, fewer than "
                          f"2 * length = {2 * length}")
@@ -91,7 +139,7 @@ def induction_score(pattern: torch.Tensor, length: int) -> torch.Tensor:
 
 def head_scores(model: GPT, ids: torch.Tensor) -> dict[str, torch.Tensor]:
     """The three scores of every head on ``ids = [r, r]``: each ``(num_layers, h)``."""
-    n = ids.size(1) // 2
+    n = _check_two_copies(ids, "head_scores")
     patterns = attention_patterns(model, ids)
     return {
         "previous_token": torch.stack([previous_token_score(p) for p in patterns]),
@@ -104,6 +152,10 @@ def head_scores(model: GPT, ids: torch.Tensor) -> dict[str, torch.Tensor]:
 def loss_per_position(model: GPT, ids: torch.Tensor) -> torch.Tensor:
     """``ids (B, T) -> (T-1,)``: the next-token loss (nats) at each position, averaged over rows;
     entry t is the loss of predicting token t + 1 from tokens 0..t."""
+    _check_ids(ids, "loss_per_position")
+    if ids.size(1) < 2 or ids.size(0) < 1:
+        raise ValueError(f"loss_per_position: ids {tuple(ids.shape)} must hold at least one row of "
+                         "2 or more tokens (one prediction needs a token and the next)")
     logits = model(ids[:, :-1])  # (B, T-1, V)
     return F.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none").mean(dim=0)
 
@@ -127,15 +179,38 @@ def head_outputs(model: GPT, ids: torch.Tensor) -> list[torch.Tensor]:
     return outputs
 
 
+def _check_heads(num_heads: object, head: object, where: str) -> None:
+    if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads < 1:
+        raise ValueError(f"{where}: num_heads must be an int >= 1, got {num_heads!r}")
+    _check_index(head, "head", num_heads, where)
+
+
+def _split_heads(x: torch.Tensor, num_heads: int, where: str) -> torch.Tensor:
+    """out_proj's input ``(B, T, h * hd)`` viewed as ``(B, T, h, hd)``."""
+    if x.dim() != 3 or x.size(-1) % num_heads:
+        raise ValueError(f"{where}: the hook was built for num_heads={num_heads}, but out_proj's "
+                         f"input {tuple(x.shape)} does not split into {num_heads} heads: pass the "
+                         "layer's own num_heads (model.config.num_heads)")
+    return x.view(*x.shape[:2], num_heads, -1)  # (B, T, h, hd)
+
+
 def ablation_hook(head: int, num_heads: int, mean: torch.Tensor | None = None) -> Callable:
     """A forward pre-hook for ``out_proj`` that removes head ``head``: its output becomes zero, or
     ``mean (head_dim,)`` or ``(T, head_dim)`` (mean-ablation). Returns the changed input."""
+    _check_heads(num_heads, head, "ablation_hook")
+    if mean is not None and not isinstance(mean, torch.Tensor):
+        raise ValueError(f"ablation_hook: mean must be None or a tensor (head_dim,) or (T, head_dim), "
+                         f"got {type(mean).__name__}")
 
     def hook(module, args):
-        z = args[0].view(*args[0].shape[:2], num_heads, -1).clone()  # (B, T, h, hd)
+        z = _split_heads(args[0], num_heads, "ablation_hook").clone()  # (B, T, h, hd)
+        if mean is not None and mean.shape not in ((z.size(-1),), (z.size(1), z.size(-1))):
+            raise ValueError(f"ablation_hook: mean must be (head_dim,) = ({z.size(-1)},) or "
+                             f"(T, head_dim) = {(z.size(1), z.size(-1))}, got {tuple(mean.shape)}")
         z[:, :, head] = 0.0 if mean is None else mean
         return (z.view(args[0].shape),)
 
+    hook.num_heads = num_heads  # hooked() checks it against the layer's
     return hook
 
 
@@ -143,19 +218,39 @@ def patching_hook(head: int, num_heads: int, clean: torch.Tensor,
                   position: int | None = None) -> Callable:
     """A forward pre-hook for ``out_proj`` that writes head ``head``'s output from a clean run,
     ``clean (B, T, h, hd)`` (``head_outputs``), into this run: at every position, or at one."""
+    _check_heads(num_heads, head, "patching_hook")
+    if not isinstance(clean, torch.Tensor) or clean.dim() != 4 or clean.size(2) != num_heads:
+        what = tuple(clean.shape) if isinstance(clean, torch.Tensor) else type(clean).__name__
+        raise ValueError(f"patching_hook: clean must be (B, T, num_heads={num_heads}, head_dim), "
+                         f"one layer of interp.head_outputs, got {what}")
+    if position is not None:
+        _check_index(position, "position", clean.size(1), "patching_hook")
 
     def hook(module, args):
-        z = args[0].view(*args[0].shape[:2], num_heads, -1).clone()  # (B, T, h, hd)
+        z = _split_heads(args[0], num_heads, "patching_hook").clone()  # (B, T, h, hd)
+        if z.shape != clean.shape:
+            raise ValueError(f"patching_hook: this run's head outputs {tuple(z.shape)} and the "
+                             f"clean ones {tuple(clean.shape)} differ in shape: read the clean run "
+                             "on inputs of this run's shape")
         where = slice(None) if position is None else position
         z[:, where, head] = clean[:, where, head]
         return (z.view(args[0].shape),)
 
+    hook.num_heads = num_heads  # hooked() checks it against the layer's
     return hook
 
 
 @contextmanager
 def hooked(model: GPT, layer: int, hook: Callable) -> Iterator[GPT]:
     """Run ``model`` with ``hook`` as a forward pre-hook on layer ``layer``'s ``out_proj``."""
+    _check_model(model, "hooked")
+    _check_index(layer, "layer", model.config.num_layers, "hooked")
+    if not callable(hook):
+        raise TypeError(f"hooked: hook must be a function hook(module, args), got {type(hook).__name__}")
+    built_for = getattr(hook, "num_heads", None)  # set by ablation_hook and patching_hook
+    if built_for is not None and built_for != _attentions(model)[layer].num_heads:
+        raise ValueError(f"hooked: the hook was built for num_heads={built_for}, but layer {layer} "
+                         f"has {_attentions(model)[layer].num_heads} heads: pass model.config.num_heads")
     handle = _attentions(model)[layer].out_proj.register_forward_pre_hook(hook)
     try:
         yield model
@@ -169,11 +264,14 @@ def ablated_loss(model: GPT, ids: torch.Tensor, layer: int, head: int, how: str 
     (the mean over rows and positions of ``mean_ids``, default ``ids``)."""
     if how not in ("zero", "mean"):
         raise ValueError(f"ablated_loss: how must be 'zero' or 'mean', got {how!r}")
+    _check_model(model, "ablated_loss")
+    n = _check_two_copies(ids, "ablated_loss")
     h = model.config.num_heads
+    _check_index(layer, "layer", model.config.num_layers, "ablated_loss")
+    _check_index(head, "head", h, "ablated_loss")
     mean = None
     if how == "mean":
         mean = head_outputs(model, ids if mean_ids is None else mean_ids)[layer][:, :, head].mean(dim=(0, 1))
-    n = ids.size(1) // 2
     with hooked(model, layer, ablation_hook(head, h, mean)):
         return loss_per_position(model, ids)[n - 1 :].mean().item()
 
@@ -194,11 +292,17 @@ def patching_table(model: GPT, clean: torch.Tensor, corrupted: torch.Tensor) -> 
     ``clean = [r, r]`` and ``corrupted = [r', r]`` ``(B, 2n)`` (the first copy replaced): both are
     scored against ``clean``'s next tokens on the second half, which only a copy can predict.
     """
+    c = _check_model(model, "patching_table").config
+    n = _check_two_copies(clean, "patching_table", "clean")
+    _check_ids(corrupted, "patching_table", "corrupted")
     if clean.shape != corrupted.shape:
         raise ValueError(f"patching_table: clean {tuple(clean.shape)} and corrupted "
                          f"{tuple(corrupted.shape)} must have the same shape")
-    c = model.config
-    n = clean.size(1) // 2
+    if not torch.equal(corrupted[:, n:], clean[:, n:]):
+        raise ValueError("patching_table: corrupted must be [r', r], its second half equal to clean's")
+    if torch.equal(clean, corrupted):
+        raise ValueError("patching_table: clean and corrupted are the same ids: there is no gap "
+                         "to close, nothing to patch; replace corrupted's first half")
 
     def loss(ids: torch.Tensor) -> torch.Tensor:
         logits = model(ids[:, :-1])[:, n - 1 :]  # (B, n, V): predictions of the second half
@@ -206,6 +310,9 @@ def patching_table(model: GPT, clean: torch.Tensor, corrupted: torch.Tensor) -> 
 
     clean_z = head_outputs(model, clean[:, :-1])
     low, high = loss(corrupted), loss(clean)
+    if not (low - high).abs() > 1e-6:
+        raise ValueError(f"patching_table: the clean and corrupted runs have the same loss "
+                         f"({high.item():.4g} and {low.item():.4g} nats): there is no gap to close")
     table = torch.zeros(c.num_layers, c.num_heads)
     for layer in range(c.num_layers):
         for head in range(c.num_heads):
@@ -218,9 +325,12 @@ def patching_table(model: GPT, clean: torch.Tensor, corrupted: torch.Tensor) -> 
 def key_path_ablation(model: GPT, ids: torch.Tensor, head0: int) -> torch.Tensor:
     """K-composition, measured: layer 1's induction scores ``(h,)`` on ``ids = [r, r]`` when layer
     1's KEYS are computed from a residual stream without layer-0 head ``head0``'s output, while its
-    queries and values keep it (path patching of one path: head0 -> layer-1 keys)."""
+    queries and values keep it (path ablation of one path: head0 -> layer-1 keys)."""
+    _check_model(model, "key_path_ablation")
     if model.config.num_layers != 2 or not model.config.attn_only:
         raise ValueError("key_path_ablation: reads a 2-layer attention-only model")
+    _check_index(head0, "head0", model.config.num_heads, "key_path_ablation")
+    n = _check_two_copies(ids, "key_path_ablation")
     layer0, layer1 = model.blocks.layers
     attn0, attn1 = layer0.self_attn, layer1.self_attn
     x0 = model.embed(ids)  # (B, T, d)
@@ -233,7 +343,7 @@ def key_path_ablation(model: GPT, ids: torch.Tensor, head0: int) -> torch.Tensor
     _, v = attn1.project_kv(layer1.norm1(x1), layer1.norm1(x1))
     mask = torch.ones(ids.size(1), ids.size(1), dtype=torch.bool).tril()  # (T, T) causal
     _, pattern = attn1.attend(layer1.norm1(x1), k, v, mask, return_attention=True)
-    return induction_score(pattern, ids.size(1) // 2)
+    return induction_score(pattern, n)
 
 
 @torch.no_grad()

@@ -207,3 +207,99 @@ def test_training_and_the_benchmark_line_run_on_a_tiny_budget():
     line = bench.summary(model, run)
     assert line.startswith("induction: induction score ") and "(head 1." in line and "not formed" in line
     assert torch.get_num_threads() == state
+
+
+# --- bad input (issue 39, section 4): a message that says what to fix, never a raw error or NaN ---
+
+
+@pytest.mark.parametrize("call, words", [
+    (lambda m, x: interp.ablated_loss(m, x, 2, 0), r"layer must be an int in 0 \.\. 1, got 2"),
+    (lambda m, x: interp.ablated_loss(m, x, 0, 4), r"head must be an int in 0 \.\. 3, got 4"),
+    (lambda m, x: interp.ablated_loss(m, x, -1, 0), r"layer must be an int in 0 \.\. 1, got -1"),
+    (lambda m, x: interp.ablation_hook(4, 4), r"ablation_hook: head must be an int in 0 \.\. 3"),
+    (lambda m, x: interp.ablation_hook(-1, 4), r"head must be an int in 0 \.\. 3, got -1"),
+    (lambda m, x: interp.patching_hook(5, 4, interp.head_outputs(m, x)[0]), r"head must be .* 0 \.\. 3"),
+    (lambda m, x: interp.patching_hook(1, 4, interp.head_outputs(m, x)[0], position=22),
+     r"position must be an int in 0 \.\. 21"),
+    (lambda m, x: interp.hooked(m, 2, interp.ablation_hook(0, 4)).__enter__(),
+     r"hooked: layer must be an int in 0 \.\. 1, got 2"),
+    (lambda m, x: interp.key_path_ablation(m, x, 4), r"head0 must be an int in 0 \.\. 3, got 4"),
+])
+def test_a_head_or_layer_out_of_range_is_named(call, words):
+    model, x = random_model(), ids()
+    with pytest.raises(ValueError, match=words):
+        call(model, x)
+    assert all(not a.self_attn.out_proj._forward_pre_hooks for a in model.blocks.layers)
+
+
+@pytest.mark.parametrize("length", [0, -1, 2.5, True, "4"])
+def test_induction_score_refuses_a_length_that_is_not_a_positive_int(length):
+    with pytest.raises(ValueError, match="length must be an int >= 1"):
+        interp.induction_score(torch.rand(1, 2, 8, 8).softmax(-1), length)
+
+
+@pytest.mark.parametrize("call", [
+    lambda m, x: interp.head_scores(m, x),
+    lambda m, x: interp.ablated_loss(m, x, 0, 1),
+    lambda m, x: interp.patching_table(m, x, torch.cat([ids(n=11, seed=5)[:, :11], x[:, 11:]], 1)),
+    lambda m, x: interp.key_path_ablation(m, x, 1),
+    lambda m, x: __import__("course_lib.induction", fromlist=["x"]).repeated_half_losses(m, x),
+])
+@pytest.mark.parametrize("bad", ["odd", "one token", "not repeated"])
+def test_ids_that_are_not_two_copies_are_refused(call, bad):
+    model = random_model()
+    x = {"odd": ids()[:, :-1], "one token": ids(n=1), "not repeated": ids(n=22)[:, :22] * 0
+         + torch.arange(22)}[bad]
+    with pytest.raises(ValueError, match=r"not two copies \[r, r\]"):
+        call(model, x)
+
+
+def test_patching_table_with_nothing_to_patch_is_refused():
+    model, x = random_model(), ids()
+    with pytest.raises(ValueError, match="nothing to patch"):
+        interp.patching_table(model, x, x.clone())
+    with pytest.raises(ValueError, match=r"\[r', r\]"):
+        interp.patching_table(model, x, ids(seed=4))  # its second half is not clean's
+
+
+def test_duplicate_token_score_names_both_shapes():
+    pattern = torch.rand(2, 3, 6, 6).softmax(-1)
+    with pytest.raises(ValueError, match=r"ids \(1, 6\) do not fit the pattern \(2, 3, 6, 6\)"):
+        interp.duplicate_token_score(pattern, torch.zeros(1, 6, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"ids \(2, 5\) do not fit the pattern \(2, 3, 6, 6\)"):
+        interp.duplicate_token_score(pattern, torch.zeros(2, 5, dtype=torch.long))
+
+
+def test_integer_patterns_are_accepted_by_every_score():
+    T, n = 8, 4
+    exact = one_hot_pattern(T, lambda i: i - n + 1)  # an exact induction head on [r, r]
+    as_int = exact.long()
+    assert interp.induction_score(as_int, n).tolist() == [1.0]
+    assert interp.previous_token_score(one_hot_pattern(T, lambda i: i - 1).long()).tolist() == [1.0]
+    x = torch.tensor([[3, 5, 7, 9, 3, 5, 7, 9]])
+    assert interp.duplicate_token_score(one_hot_pattern(T, lambda i: i - n).long(), x).tolist() == [1.0]
+
+
+def test_a_hook_for_the_wrong_number_of_heads_gets_a_message():
+    model = random_model(num_heads=2)
+    x = ids()
+    with pytest.raises(ValueError, match="built for num_heads=3"):  # 128 does not split into 3
+        with interp.hooked(model, 0, lambda m, a: interp.ablation_hook(0, 3)(m, a)):
+            model(x)
+    with pytest.raises(ValueError, match="built for num_heads=4, but layer 0 has 2 heads"):
+        with interp.hooked(model, 0, interp.ablation_hook(0, 4)):
+            model(x)
+    with pytest.raises(ValueError, match=r"mean must be \(head_dim,\) = \(64,\)"):
+        with interp.hooked(model, 0, interp.ablation_hook(0, 2, torch.zeros(32))):
+            model(x)
+    with pytest.raises(TypeError, match="hook must be a function"):
+        with interp.hooked(model, 0, "zero"):
+            pass
+
+
+def test_loss_per_position_names_the_ids_given():
+    model = random_model()
+    with pytest.raises(ValueError, match=r"ids \(2, 1\) must hold"):
+        interp.loss_per_position(model, torch.zeros(2, 1, dtype=torch.long))
+    with pytest.raises(ValueError, match="integer tensor"):
+        interp.loss_per_position(model, torch.zeros(2, 5))

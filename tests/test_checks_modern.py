@@ -205,8 +205,26 @@ def test_rope_other_styles_pass(fn):
 
 
 def test_rope_the_broken_function_is_named():
-    with pytest.raises(CheckFailure, match="still the pairs layout"):
+    with pytest.raises(CheckFailure, match="the port's, unchanged"):
         check_rope_layout(apply_rotary_ported)
+
+
+def test_rope_layout_first_message_says_what_is_observed_not_the_fix():
+    """Issue 38: the untouched stub (raise removed) is told what its numbers show, not the fix;
+    a second failed attempt gets one more look, and the fix stays behind show_solution."""
+    check_rope_layout(_solution("11.rope_layout")["apply_rotary_fixed"])  # a clean count
+    messages = []
+    for _ in range(2):
+        with pytest.raises(CheckFailure) as failure:
+            check_rope_layout(apply_rotary_ported)
+        messages.append(str(failure.value))
+    for n, message in enumerate(messages):
+        assert "differs from Hugging Face's" in message and "keep lengths" in message
+        assert "show_solution" in message
+        for fix in ("rotate_half", "-x2", "x1, x2", "x[..., :", "i + head_dim/2", "cat"):
+            assert fix not in message, fix
+        assert n == 1 or "halves" not in message  # the second look may name the layout to print
+    assert "find the columns" in messages[1] and "find the columns" not in messages[0]
 
 
 def _pairs_with_reordered_tables(x, cos, sin):
@@ -220,15 +238,15 @@ def _pairs_with_reordered_tables(x, cos, sin):
     "fn, words",
     [
         (_pairs_with_reordered_tables, "pairs layout with the tables reordered"),
-        (_rope(first="x2", second="-x1"), "rotating backwards"),
-        (_rope(first="x2", second="x1"), "the minus sign is missing"),
-        (_rope(first="-x1", second="x2"), "the halves are not swapped"),
-        (_rope(swap=True), "cos and sin swapped"),
-        (_rope(split="interleaved"), "halves split the wrong way"),
-        (_rope(split="positions"), "split along the wrong axis"),
-        (_rope(split="heads"), "split along the heads axis"),
-        (_rope(rotated=False), "the rotation is missing"),
-        (_rope(unrotated=False), "the unrotated part is missing"),
+        (_rope(first="x2", second="-x1"), "each plane turns backwards"),
+        (_rope(first="x2", second="x1"), "not a rotation: lengths change"),
+        (_rope(first="-x1", second="x2"), "each number stays in its half"),
+        (_rope(swap=True), "position 0 is not left alone"),
+        (_rope(split="interleaved"), "paired with the wrong partners"),
+        (_rope(split="positions"), "mixed across positions"),
+        (_rope(split="heads"), "mixed across heads"),
+        (_rope(rotated=False), "only scaled"),
+        (_rope(unrotated=False), "x itself is missing"),
     ],
 )
 def test_rope_mistakes(fn, words):
@@ -535,7 +553,7 @@ from course_lib.checks import (  # noqa: E402
 def test_rope_layout_float64_answers_are_compared_not_refused():
     right = _solution("11.rope_layout")["apply_rotary_fixed"]
     assert passes(check_rope_layout, lambda x, c, s: right(x.double(), c.double(), s.double()))
-    with pytest.raises(CheckFailure, match="still the pairs layout"):
+    with pytest.raises(CheckFailure, match="the port's, unchanged"):
         check_rope_layout(lambda x, c, s: apply_rotary_ported(x.double(), c.double(), s.double()))
 
 
@@ -594,9 +612,53 @@ def test_rmsnorm_solution_passes(capsys):
     assert "check_rmsnorm: right" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("formula", [_rms_float32_inside, _rms_loop, _rms_norm_fn])
+def _rms_einsum_float64(x, w, eps):  # float64 inside, the mean square by einsum
+    x64 = x.double()
+    ms = torch.einsum("...d,...d->...", x64, x64)[..., None] / x.size(-1)
+    return (x64 / (ms + eps).sqrt() * w.double()).to(x.dtype)
+
+
+def _decorated(decorator, formula):
+    @decorator
+    def forward(x, w, eps):
+        return formula(x, w, eps)
+
+    return forward
+
+
+@pytest.mark.parametrize("formula", [_rms_float32_inside, _rms_loop, _rms_norm_fn, _rms_einsum_float64,
+                                     _decorated(torch.no_grad(), _rms_float32_inside),
+                                     _decorated(torch.inference_mode(), _rms_float32_inside)])
 def test_rmsnorm_other_styles_pass(formula):
     assert passes(check_rmsnorm, _rmsnorm(formula))
+
+
+@pytest.mark.parametrize("formula, words", [
+    (lambda x, w, e: F.rms_norm(x, (x.size(-1),), w, e), "calls F.rms_norm, PyTorch's own RMSNorm"),
+    (lambda x, w, e: torch.rms_norm(x, (x.size(-1),), w, e), "calls torch.rms_norm"),
+    (lambda x, w, e: nn.functional.rms_norm(x, [x.size(-1)], eps=e) * w, "calls F.rms_norm"),
+])
+def test_rmsnorm_refuses_pytorchs_ready_made_one_kindly(formula, words):
+    """Issue 38: PyTorch's RMSNorm, as a function or a module, refused with one friendly message;
+    its building blocks stay welcome (the styles above use rsqrt, einsum, vector_norm)."""
+    with pytest.raises(CheckFailure, match=words) as failure:
+        check_rmsnorm(_rmsnorm(formula))
+    assert "the very thing this exercise builds" in str(failure.value)
+
+    class Wrapped(nn.Module):
+        def __init__(self, d_model, eps=1e-6):
+            super().__init__()
+            self.norm = nn.RMSNorm(d_model, eps=eps)
+
+        def forward(self, x):
+            return self.norm(x)
+
+    class Subclass(nn.RMSNorm):
+        pass
+
+    for cls in (Wrapped, Subclass, nn.RMSNorm):
+        with pytest.raises(CheckFailure, match="the very thing this exercise builds"):
+            check_rmsnorm(cls)
 
 
 def _ms(x):
@@ -622,6 +684,11 @@ RMS_MISTAKES = [
     (lambda x, w, e: x / torch.sqrt(x.pow(2).mean(-2, keepdim=True) + e) * w, r"wrong axis \(dim -2"),
     (lambda x, w, e: x / torch.sqrt(x.pow(2).mean() + e) * w, "whole tensor"),
     (lambda x, w, e: x / torch.sqrt(x.pow(2).sum(-1, keepdim=True) + e) * w, "the norm instead"),
+    # issue 38: a raw size error before; the module's eps replaced by a number
+    (lambda x, w, e: x / torch.sqrt(x.pow(2).mean(-1) + e) * w, "without keepdim"),
+    (lambda x, w, e: x * torch.rsqrt(x.pow(2).mean(dim=-1) + e) * w, "without keepdim"),
+    (lambda x, w, e: x / torch.sqrt(_ms(x) + 1e-6) * w, r"eps written in as a number \(1e-06\)"),
+    (lambda x, w, e: x / torch.sqrt(_ms(x) + 1e-5) * w, r"eps written in as a number \(1e-05\)"),
 ]
 
 
@@ -764,9 +831,65 @@ def test_apply_rope_solution_passes(capsys):
     assert "check_apply_rope: right" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("fn", [_rope_by_complex, _rope_by_loops, _rope_by_rotate_half_float32])
+def _rope_by_einsum(x, positions, base=10000.0):
+    hd = x.size(-1)
+    theta = base ** (-2 * torch.arange(hd // 2, dtype=torch.float64) / hd)
+    angles = torch.einsum("l,i->li", positions.double(), theta)  # the outer product, by einsum
+    c, s_ = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
+    return torch.cat([x1 * c - x2 * s_, x1 * s_ + x2 * c], dim=-1)
+
+
+def _rope_decorated(decorator):
+    right = _solution("11.apply_rope")["apply_rope"]
+
+    @decorator
+    def apply_rope(x, positions, base=10000.0):
+        return right(x, positions, base)
+
+    return apply_rope
+
+
+@pytest.mark.parametrize("fn", [_rope_by_complex, _rope_by_loops, _rope_by_rotate_half_float32,
+                                _rope_by_einsum, _rope_decorated(torch.no_grad()),
+                                _rope_decorated(torch.inference_mode())])
 def test_apply_rope_other_styles_pass(fn):
+    """Issue 38: code under @torch.no_grad() or @torch.inference_mode() shares the decorator's
+    wrapper code with Hugging Face's decorated LlamaRotaryEmbedding.forward, and passes."""
     assert passes(check_apply_rope, fn)
+
+
+def test_apply_rope_still_refuses_hugging_faces_decorated_rotary():
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    @torch.no_grad()
+    def apply_rope(x, positions, base=10000.0):
+        config = LlamaConfig(hidden_size=2 * x.size(-1), num_attention_heads=2, rope_theta=base,
+                             max_position_embeddings=64)
+        cos, sin = LlamaRotaryEmbedding(config)(x, positions[None])  # (1, L, hd)
+        x1, x2 = x[..., : x.size(-1) // 2], x[..., x.size(-1) // 2:]
+        return x * cos[0].to(x.dtype) + torch.cat([-x2, x1], -1) * sin[0].to(x.dtype)
+
+    with pytest.raises(CheckFailure, match="library's rotary code"):
+        check_apply_rope(apply_rope)
+
+
+def _rope_table_variant(table="cat", rotation="halves", outer=True, exponent=lambda i, hd: -2 * i / hd):
+    """A learner's apply_rope building the (L, hd) table first, then ``x cos + rotate(x) sin``."""
+
+    def apply_rope(x, positions, base=10000.0):
+        hd = x.size(-1)
+        theta = base ** exponent(torch.arange(hd // 2), hd)
+        angles = positions[:, None] * theta[None, :] if outer else positions * theta
+        angles = torch.cat([angles, angles], -1) if table == "cat" else angles.repeat_interleave(2, -1)
+        if rotation == "halves":
+            turned = torch.cat([-x[..., hd // 2:], x[..., : hd // 2]], dim=-1)
+        else:
+            turned = torch.stack([-x[..., 1::2], x[..., 0::2]], dim=-1).flatten(-2)
+        return x * angles.cos().to(x.dtype) + turned * angles.sin().to(x.dtype)
+
+    return apply_rope
 
 
 def _rope_variant(shift=0, two=2.0, sign=-1.0, flip=1.0, layout="halves", swap=False,
@@ -801,6 +924,15 @@ def _rope_variant(shift=0, two=2.0, sign=-1.0, flip=1.0, layout="halves", swap=F
     (_rope_variant(swap=True), "cos and sin swapped"),
     (_rope_variant(first_half_only=True), "only the first half"),
     (_rope_variant(head_dim=8), "Only right for another head_dim"),
+    # issue 38: a raw size error before; the interleaved table; floor division in the exponent
+    (_rope_table_variant(outer=False), "without an outer product"),
+    (_rope_table_variant(table="interleave"), "an interleaved table with the halves rotation"),
+    (_rope_table_variant(rotation="pairs"), "the halves table with the pairs rotation"),
+    (_rope_table_variant(exponent=lambda i, hd: -(2 * i // hd)), "every plane turns at 1 radian"),
+    (_rope_table_variant(exponent=lambda i, hd: -2 * i // hd), "rounded down to -1"),
+    (_rope_table_variant(exponent=lambda i, hd: -torch.arange(0, hd, 2) // hd), "rounded down to -1"),
+    (_rope_table_variant(exponent=lambda i, hd: -(torch.arange(0, hd, 2) // hd)),
+     "every plane turns at 1 radian"),
 ])
 def test_apply_rope_mistakes_are_named(fn, words):
     with pytest.raises(CheckFailure, match=words):
@@ -838,7 +970,7 @@ def _decode_variant(knob=""):
         pos = torch.tensor([{"pos0": 0, "one_based": t + 1}.get(knob, t)])
         if knob != "q_unturned":
             q = apply_rope(q, pos)
-        if knob not in ("k_unturned", "unturned_cache"):
+        if knob not in ("k_unturned", "unturned_cache", "whole_at_t", "cache_unturned"):
             k = apply_rope(k, pos)
         if knob == "turn_v":
             v = apply_rope(v, pos)
@@ -848,12 +980,19 @@ def _decode_variant(knob=""):
         keys, values = k, v
         if knob in ("unturned_cache", "turned_twice"):  # turn the whole cache by 0..t each step
             keys = apply_rope(k, torch.arange(t + 1))
+        if knob == "whole_at_t":  # the whole cache turned at t, and kept so
+            keys = k = apply_rope(k, torch.tensor([t]))
+        if knob == "cache_unturned":  # the new key turned for attending, stored unturned
+            keys = torch.cat([k[:, :, :-1], apply_rope(k[:, :, -1:], pos)], dim=2)
         if knob == "past_only":
             if past is None:
                 return layer.out_proj(layer.merge_heads(torch.zeros_like(q))), (k, v)
             keys, values = past
         if knob == "new_only":
             keys, values = keys[:, :, -1:], values[:, :, -1:]
+        mask = None
+        if knob == "tril_mask":  # a (1, t + 1) causal mask: only column 0 is True
+            mask = torch.ones(1, t + 1, dtype=torch.bool).tril()
         if knob == "modulo":
             group = layer.num_heads // kv
             heads = F.scaled_dot_product_attention(q, keys.repeat(1, group, 1, 1),
@@ -863,8 +1002,9 @@ def _decode_variant(knob=""):
             heads = F.scaled_dot_product_attention(q, keys.repeat_interleave(group, 1),
                                                    values.repeat_interleave(group, 1), scale=1.0)
         else:
-            heads = attend(q, keys, values)
-        return layer.out_proj(layer.merge_heads(heads)), (k, v)
+            heads = attend(q, keys, values, mask)
+        merged = layer.merge_heads(heads)
+        return (merged if knob == "no_out_proj" else layer.out_proj(merged)), (k, v)
 
     return rope_decode_step
 
@@ -874,10 +1014,55 @@ def test_rope_decode_solution_passes(capsys):
     assert "check_rope_decode: on all" in capsys.readouterr().out
 
 
+def _decode_by_einsum_float64(layer, x_t, t, cache):
+    """Every number in float64, heads grouped by a view and einsum, the angles written out."""
+    h, kv, hd = layer.num_heads, layer.num_kv_heads, layer.head_dim
+    B = x_t.size(0)
+
+    def proj(m, heads):
+        y = F.linear(x_t.double(), m.weight.double(), None if m.bias is None else m.bias.double())
+        return y.view(B, 1, heads, hd).transpose(1, 2)  # (B, heads, 1, hd)
+
+    def turn(z):
+        theta = 10000.0 ** (-torch.arange(0, hd, 2, dtype=torch.float64) / hd)
+        a = t * theta
+        z1, z2 = z[..., : hd // 2], z[..., hd // 2:]
+        return torch.cat([z1 * a.cos() - z2 * a.sin(), z1 * a.sin() + z2 * a.cos()], -1)
+
+    q, k, v = turn(proj(layer.q_proj, h)), turn(proj(layer.k_proj, kv)), proj(layer.v_proj, kv)
+    if cache is not None:
+        k, v = torch.cat([cache[0].double(), k], 2), torch.cat([cache[1].double(), v], 2)
+    qg = q.view(B, kv, h // kv, 1, hd)  # (B, kv, group, 1, hd): query head i -> KV head i // group
+    w = torch.einsum("bkgqd,bksd->bkgqs", qg, k).div(math.sqrt(hd)).softmax(-1)
+    heads = torch.einsum("bkgqs,bksd->bkgqd", w, v).reshape(B, h, 1, hd)
+    out = F.linear(heads.transpose(1, 2).reshape(B, 1, h * hd), layer.out_proj.weight.double(),
+                   None if layer.out_proj.bias is None else layer.out_proj.bias.double())
+    return out, (k, v)
+
+
+def _decode_one_sequence_at_a_time(layer, x_t, t, cache):
+    right = _decode_solution()["rope_decode_step"]
+    outs, ks, vs = [], [], []
+    for b in range(x_t.size(0)):
+        one = None if cache is None else (cache[0][b : b + 1], cache[1][b : b + 1])
+        out, (k, v) = right(layer, x_t[b : b + 1], t, one)
+        outs.append(out), ks.append(k), vs.append(v)
+    return torch.cat(outs), (torch.cat(ks), torch.cat(vs))
+
+
+def _decode_decorated(decorator):
+    right = _decode_solution()["rope_decode_step"]
+
+    @decorator
+    def rope_decode_step(layer, x_t, t, cache):
+        return right(layer, x_t, t, cache)
+
+    return rope_decode_step
+
+
 @pytest.mark.parametrize("fn", [
-    _decode_variant(),
-    _decode_variant("unturned_cache"),  # unturned keys cached, the whole cache turned each step
-    _decode_variant("one_based"),  # every query and key one position on: the offsets stay the same
+    _decode_variant(), _decode_by_einsum_float64, _decode_one_sequence_at_a_time,
+    _decode_decorated(torch.no_grad()), _decode_decorated(torch.inference_mode()),
 ])
 def test_rope_decode_other_styles_pass(fn):
     assert passes(check_rope_decode, fn)
@@ -885,13 +1070,41 @@ def test_rope_decode_other_styles_pass(fn):
 
 @pytest.mark.parametrize("knob, words", [
     ("pos0", "turned at position 0"), ("q_unturned", "query is not turned"),
-    ("k_unturned", "keys are never turned"), ("turn_v", "values are turned"),
+    ("k_unturned", "new key is not turned"), ("turn_v", "values are turned"),
     ("turned_twice", "turned twice"), ("past_only", "does not see itself"),
     ("new_only", "cache is not used"), ("modulo", "i % num_kv_heads"), ("no_scale", "sqrt"),
+    # issue 38: positions 1..t+1 (the prompt's cache makes the offset show), the (1, t+1) tril mask,
+    # the whole cache turned at t (observed: keys turned again by t, not by their own positions),
+    # the turned keys of the cache turned again each step, a forgotten out_proj, an unturned cache
+    ("one_based", "positions counted from 1"), ("tril_mask", "attends to position 0 only"),
+    ("whole_at_t", "turned again, all by the new position t"), ("unturned_cache", "turned twice"),
+    ("no_out_proj", "out_proj is not applied"), ("cache_unturned", "appends to the cache .* is not turned"),
 ])
 def test_rope_decode_mistakes_are_named(knob, words):
     with pytest.raises(CheckFailure, match=words):
         check_rope_decode(_decode_variant(knob))
+
+
+def test_rope_decode_whole_cache_at_t_is_not_told_position_0():
+    """Issue 38: the learner who turns every key by t has already turned the new one by t."""
+    with pytest.raises(CheckFailure) as failure:
+        check_rope_decode(_decode_variant("whole_at_t"))
+    assert "position 0" not in str(failure.value) and "own position" in str(failure.value)
+
+
+def test_rope_decode_starts_from_a_prompt_in_the_cache():
+    """The checker's first case hands over a prefilled cache with two-digit positions."""
+    from course_lib.checks.modern import _DECODE_CASES
+
+    seen = []
+
+    def rope_decode_step(layer, x_t, t, cache):
+        seen.append((t, None if cache is None else cache[0].size(2)))
+        return _decode_solution()["rope_decode_step"](layer, x_t, t, cache)
+
+    assert passes(check_rope_decode, rope_decode_step)
+    assert seen[0] == (_DECODE_CASES[0][5], _DECODE_CASES[0][5]) and seen[0][0] >= 10
+    assert (0, None) in seen  # and one case starts from no cache
 
 
 def test_rope_decode_cache_shape_and_refusals():
@@ -913,6 +1126,15 @@ def test_rope_decode_cache_shape_and_refusals():
 
     with pytest.raises(CheckFailure, match="library's rotary"):
         check_rope_decode(with_library)
+
+    def in_place(layer, x_t, t, cache):
+        out, (k, v) = right(layer, x_t, t, cache)
+        if cache is not None:
+            cache[0].zero_()
+        return out, (k, v)
+
+    with pytest.raises(CheckFailure, match="changes the cache it received in place"):
+        check_rope_decode(in_place)
 
 
 # ----------------------------------------------------------------------------------------------

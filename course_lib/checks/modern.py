@@ -224,55 +224,77 @@ def _rotate(x: torch.Tensor, first: str, second: str, split: str = "halves") -> 
     return torch.cat([parts[first], parts[second]], dim=-1)
 
 
+# The Debug exercise's messages say what is observed (which numbers, which property), never the
+# fix: that lives behind show_solution("11.rope_layout").
 _ROPE_MISTAKES = [
-    Mistake("still the pairs layout",
-            "your function still turns neighbours (2i, 2i+1) like rotate_pairs, but Hugging Face's "
-            "cos/sin tables are laid out in halves: plane i is made of numbers i and i + head_dim/2. "
-            "Split x into its two halves x1, x2 and use (-x2, x1), Hugging Face's rotate_half",
-            _pairs_layout),
     Mistake("pairs layout with the tables reordered",
-            "turning pairs (2i, 2i+1) with the tables reordered for pairs is a correct rotary "
-            "embedding, but not Hugging Face's: weights trained with rotate_half pair number i with "
-            "number i + head_dim/2. Keep the tables as they are and rotate halves",
+            "your function is a rotation (it keeps lengths, and the score of a query and a key depends "
+            "only on their offset), but not Hugging Face's: with the same inputs its numbers differ "
+            "from apply_rotary_pos_emb's. Weights trained with Hugging Face's code expect its pairing "
+            "of numbers into planes, with the tables as they are given",
             _pairs_consistent),
-    Mistake("rotating backwards",
-            "the sign is on the wrong half: (x2, -x1) turns every plane by minus the angle. "
-            "rotate_half gives (-x2, x1)",
+    Mistake("each plane turns backwards",
+            "your output at position m is Hugging Face's output at position -m: every plane turns "
+            "by minus its angle",
             lambda x, c, s: x * c + _rotate(x, "x2", "-x1") * s),
-    Mistake("the minus sign is missing",
-            "(x2, x1) swaps the halves but is not a rotation (it does not keep lengths): "
-            "rotate_half gives (-x2, x1)",
+    Mistake("not a rotation: lengths change",
+            "your output does not keep each vector's length (a rotation does), and at angle 90 "
+            "degrees a plane (u, v) comes out as (v, u), a mirror image, not turned",
             lambda x, c, s: x * c + _rotate(x, "x2", "x1") * s),
-    Mistake("the halves are not swapped",
-            "(-x1, x2) keeps each number in its half; rotating a plane moves each number to its "
-            "partner's place: rotate_half gives (-x2, x1)",
+    Mistake("each number stays in its half",
+            "your output's first half depends only on x's first half, and its second half only on "
+            "the second: in a turned plane each number takes part of its partner's value",
             lambda x, c, s: x * c + _rotate(x, "-x1", "x2") * s),
-    Mistake("cos and sin swapped",
-            "x * sin + rotate_half(x) * cos: the unrotated x goes with cos (at position 0, angle 0, "
-            "cos = 1 and sin = 0, so x must come out unchanged)",
+    Mistake("position 0 is not left alone",
+            "at position 0 (angle 0) a rotation leaves x unchanged, and your output there is not x",
             lambda x, c, s: x * s + _rotate(x, "-x2", "x1") * c),
-    Mistake("halves split the wrong way",
-            "you take the even and the odd numbers (x[..., 0::2], x[..., 1::2]) as the two halves and "
-            "put them side by side: the halves are contiguous, x1 = x[..., :head_dim//2] and "
-            "x2 = x[..., head_dim//2:]",
+    Mistake("numbers paired with the wrong partners",
+            "your output turns number i together with another number than Hugging Face's does "
+            "(compare, for head_dim 8 at position 1, which two outputs change when you change "
+            "one input number)",
             lambda x, c, s: x * c + _rotate(x, "-x2", "x1", split="interleaved") * s),
-    Mistake("halves split along the wrong axis",
-            "the halves are taken along the positions (dim 2, L), not the head dimension: split "
-            "the LAST dim, x[..., :head_dim//2] and x[..., head_dim//2:]",
+    Mistake("numbers mixed across positions",
+            "your output at one position depends on x at other positions (dim 2, L): a rotation "
+            "mixes numbers within one head vector only",
             lambda x, c, s: x * c + torch.cat([-x.chunk(2, dim=-2)[1], x.chunk(2, dim=-2)[0]],
                                               dim=-2) * s),
-    Mistake("halves split along the heads axis",
-            "the halves are taken along the heads (dim 1), not the head dimension: split the LAST "
-            "dim, x[..., :head_dim//2] and x[..., head_dim//2:]",
+    Mistake("numbers mixed across heads",
+            "your output for one head depends on x in other heads (dim 1): a rotation mixes "
+            "numbers within one head vector only",
             lambda x, c, s: x * c + torch.cat([-x.chunk(2, dim=1)[1], x.chunk(2, dim=1)[0]],
                                               dim=1) * s),
-    Mistake("the rotation is missing",
-            "x * cos alone leaves out the rotated part: add rotate_half(x) * sin",
+    Mistake("every number only scaled",
+            "each output number is its input number times cos: nothing of the partner number enters, "
+            "and lengths shrink",
             lambda x, c, s: x * c),
-    Mistake("the unrotated part is missing",
-            "rotate_half(x) * sin alone leaves out x * cos",
+    Mistake("x itself is missing",
+            "at position 0 (angle 0) your output is all zeros, where a rotation leaves x unchanged",
             lambda x, c, s: _rotate(x, "-x2", "x1") * s),
 ]
+
+# How many times in a row this Python session handed in the port's numbers: a second failed
+# attempt gets a question that narrows the search, never the fix.
+_LAYOUT_REPEATS: dict[str, int] = {"port": 0}
+
+
+def _port_observed(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, got: torch.Tensor,
+                   expected: torch.Tensor, case: str) -> str:
+    """What the untouched port's output shows: where it differs, and the lengths it changes."""
+    diff = (got.double() - expected.double()).abs()  # (B, h, L, hd)
+    per_position = diff.amax(dim=(0, 1, 3)) if diff.dim() == 4 else diff.amax(-1)
+    ratio = (got.double().norm(dim=-1) / x.double().norm(dim=-1)).flatten()
+    _LAYOUT_REPEATS["port"] += 1
+    message = (
+        f"Your output is the port's, unchanged ({case}): it differs from Hugging Face's "
+        f"apply_rotary_pos_emb by up to {diff.max().item():.3g} (at {int((per_position > 1e-5).sum())} "
+        f"of {per_position.numel()} positions), and it does not keep lengths: each head vector comes "
+        f"out {ratio.min().item():.2f} to {ratio.max().item():.2f} times as long as it went in, "
+        "where a rotation keeps every length. Which two numbers of a head does each of Hugging "
+        "Face's angles belong to, and which two does the port turn together?")
+    if _LAYOUT_REPEATS["port"] > 1:
+        message += (" A look that helps: print cos[1] of RotaryEmbedding(8, 4, layout='halves')"
+                    ".cos_sin(4) and find the columns that hold the same angle.")
+    return message + ' The fix itself: show_solution("11.rope_layout").'
 
 
 def _hf_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -407,6 +429,10 @@ def _check_rope_layout(fn: Callable[..., Any]) -> None:
             ) from error
         expect_shape(got, (B, h, L, hd), f"the turned x ({case})",
                      "RoPE turns x without changing its shape: (B, h, L, head_dim) in and out.")
+        if not _close64(got, expected) and _close64(got, _pairs_layout(x.double(), cos.double(),
+                                                                      sin.double())):
+            raise CheckFailure(_port_observed(x, cos, sin, got.detach(), expected, case))
+        _LAYOUT_REPEATS["port"] = 0
         _compare(got.detach().double(), expected.double(), (x, cos, sin), _ROPE_MISTAKES, case,
                  "Hugging Face's apply_rotary_pos_emb")
     print(f"check_rope_layout: right, equal to Hugging Face's apply_rotary_pos_emb on all "
@@ -486,6 +512,19 @@ def _gqa_mistakes(h: int, kv: int) -> list[Mistake]:
                 "scores BEFORE the softmax, scores.masked_fill(~mask, float('-inf'))",
                 lambda q, k, v, m: _attention(q, k, v, m, right, mask_mode="after")),
     ]
+
+
+class _CallWatch(TorchFunctionMode):
+    """Records which of ``functions`` (torch functions, seen through ``__torch_function__``) run."""
+
+    def __init__(self, functions: tuple[Any, ...]) -> None:
+        super().__init__()
+        self.functions, self.seen = functions, []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        if any(func is f for f in self.functions):
+            self.seen.append(func)
+        return func(*args, **(kwargs or {}))
 
 
 class _SdpaWatch(TorchFunctionMode):
@@ -723,6 +762,12 @@ def _rms_mistakes(eps: float) -> list[Mistake]:
         Mistake("eps outside the square root",
                 "eps goes inside: x / sqrt(mean(x**2) + eps), not x / (sqrt(mean(x**2)) + eps)",
                 lambda x, w: x / (x.pow(2).mean(-1, keepdim=True).sqrt() + eps) * w),
+        *[Mistake(f"eps written in as a number ({number:g}), not the module's eps",
+                  f"your output matches eps = {number:g}, but this module was built with eps={eps:g}: "
+                  "the constructor's eps is the one to use (Llama's configs use 1e-5 or 1e-6, and "
+                  "the checker builds modules with other values)",
+                  (lambda e: lambda x, w: x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + e) * w)(number))
+          for number in (1e-6, 1e-5, 1e-8) if not math.isclose(number, eps)],
         Mistake("eps is missing",
                 "add eps inside the square root: x / sqrt(mean(x**2) + eps) (it keeps a zero vector "
                 "from dividing by 0)",
@@ -749,16 +794,41 @@ def _rms_mistakes(eps: float) -> list[Mistake]:
                 "x.pow(2).mean() without a dim averages every number of the batch: take the mean "
                 "over the last dim, mean(-1, keepdim=True), one per vector",
                 lambda x, w: x * torch.rsqrt(x.pow(2).mean() + eps) * w),
+        Mistake("the mean square without keepdim",
+                "x.pow(2).mean(-1) drops the last dim: its (...,) numbers then line up with x's "
+                "LAST dim, not with its vectors (with other sizes it raises a size error). Keep the "
+                "dim, mean(-1, keepdim=True): (..., 1), one per vector",
+                lambda x, w: x * torch.rsqrt(x.pow(2).mean(-1) + eps) * w),
         Mistake("the norm instead of the root mean square",
                 "x.norm(dim=-1) is sqrt(SUM of squares), sqrt(d) times the RMS: use the mean",
                 lambda x, w: x / torch.sqrt(x.pow(2).sum(-1, keepdim=True) + eps) * w),
     ]
 
 
+def _rms_square_probe(module: torch.nn.Module, d: int, eps: float) -> str:
+    """After a raised error: a sentence if the module, fed x (d, d) (where a mean square without
+    keepdim still broadcasts), gives what a mean without keepdim gives; else ''."""
+    x = torch.randn(d, d, generator=torch.Generator().manual_seed(7)) + 0.5
+    with torch.no_grad():
+        w = module.weight.detach().clone()
+        try:
+            got = module(x)
+        except Exception:
+            return ""
+    missing = next(m for m in _rms_mistakes(eps) if "keepdim" in m.name)
+    if _close64(got, missing.compute(x.double(), w.double())):
+        return (f"Likely mistake: {missing.name}. Your forward raises a size error on x (..., "
+                f"d_model), and on a square x ({d}, {d}) it gives what dividing by "
+                f"x.pow(2).mean(-1) without keepdim gives. {missing.hint}.")
+    return ""
+
+
 # (case, shape of x, eps, scale, shift): d = 6 and 7 make d - 1 differ from d; a mean far from 0
-# makes centring show; tiny x with a large eps makes eps's place show; B, L, d all differ
+# makes centring show; tiny x with a large eps makes eps's place show, and tinier x tells the
+# module's eps from a number written in (1e-6, 1e-5, 1e-8, none); B, L, d all differ
 _RMS_CASES = [
     ("x (3, 5, 6), mean about 2, eps=1e-6", (3, 5, 6), 1e-6, 1.0, 2.0),
+    ("x (2, 3, 10), tiny numbers (about 0.001), eps=1e-4", (2, 3, 10), 1e-4, 1e-3, 0.0),
     ("x (2, 4, 7), small numbers (about 0.05), eps=1e-2", (2, 4, 7), 1e-2, 0.05, 0.02),
     ("x (4, 3, 16), eps=1e-5", (4, 3, 16), 1e-5, 3.0, -1.0),
     ("x (5, 8) float64, eps=1e-6", (5, 8), 1e-6, 1.0, 0.5),
@@ -774,9 +844,14 @@ def check_rmsnorm(cls: Any) -> None:
 
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
+    ready_made = tuple(f for f in (getattr(F, "rms_norm", None), getattr(torch, "rms_norm", None))
+                       if f is not None)  # PyTorch's own RMSNorm (from torch 2.4)
+    kind = ("That is a ready-made RMSNorm, the very thing this exercise builds: right, and welcome "
+            "once yours has passed. Here, write the formula yourself; torch's building blocks "
+            "(pow, mean, sqrt, rsqrt) are welcome.")
     if is_course_lib(cls) or cls is LlamaRMSNorm or cls is getattr(torch.nn, "RMSNorm", None):
         raise CheckFailure("You handed in a library's RMSNorm (course_lib's, Hugging Face's or "
-                           "PyTorch's, the references): write the formula yourself.")
+                           f"PyTorch's nn.RMSNorm). {kind}")
     refused = [RMSNorm.forward, LlamaRMSNorm.forward]
     for n, (case, shape, eps, scale, shift) in enumerate(_RMS_CASES):
         d = shape[-1]
@@ -785,8 +860,9 @@ def check_rmsnorm(cls: Any) -> None:
         if not isinstance(module, torch.nn.Module):
             raise CheckFailure(f"{cls.__name__}({d}, eps={eps}) should be an nn.Module, got "
                                f"{type(module).__name__} (subclass nn.Module, call super().__init__()).")
-        if torch.nn.RMSNorm is not None and any(isinstance(m, torch.nn.RMSNorm) for m in module.modules()):
-            raise CheckFailure("Your module wraps torch.nn.RMSNorm: write the formula yourself.")
+        if getattr(torch.nn, "RMSNorm", None) is not None and any(
+                isinstance(m, torch.nn.RMSNorm) for m in module.modules()):
+            raise CheckFailure(f"Your module is, or holds, PyTorch's torch.nn.RMSNorm. {kind}")
         params = dict(module.named_parameters())
         if not params:
             raise CheckFailure(
@@ -814,10 +890,22 @@ def check_rmsnorm(cls: Any) -> None:
         with torch.no_grad():
             weight.copy_(w)
         x_before = x.clone()
-        with calls_to(refused) as seen:
-            got = _call(module, x, case=case, hint="x is (..., d_model); normalise over the last dim.")
+        watch = _CallWatch(ready_made)
+        with calls_to(refused) as seen, watch:
+            try:
+                got = _call(module, x, case=case, hint="x is (..., d_model); normalise over the last dim.")
+            except CheckFailure as failure:
+                raised = failure
+            else:
+                raised = None
         if seen:
-            raise CheckFailure("Your module calls a library's RMSNorm (the reference): write the formula.")
+            raise CheckFailure("Your module calls a library's RMSNorm (course_lib's or Hugging Face's "
+                               f"LlamaRMSNorm). {kind}")
+        if watch.seen:
+            name = "F.rms_norm" if watch.seen[0] is getattr(F, "rms_norm", None) else "torch.rms_norm"
+            raise CheckFailure(f"Your module calls {name}, PyTorch's own RMSNorm. {kind}")
+        if raised is not None:
+            raise CheckFailure(_rms_square_probe(module, d, eps) or str(raised)) from raised
         if not torch.equal(x, x_before):
             raise CheckFailure(f"Your forward changes x in place ({case}); compute a new tensor.")
         if isinstance(got, tuple):
@@ -987,6 +1075,35 @@ def _turn_pairs(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
     return torch.stack([a * c - b * s, a * s + b * c], dim=-1).flatten(-2)
 
 
+def _turn_interleaved_table(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
+    """The halves rotation with a pairs-layout table: number j gets plane j // 2's angle."""
+    table = angles.repeat_interleave(2, dim=-1)  # (L, hd)
+    x1, x2 = x[..., : x.size(-1) // 2], x[..., x.size(-1) // 2:]
+    return x * table.cos().to(x.dtype) + torch.cat([-x2, x1], -1) * table.sin().to(x.dtype)
+
+
+def _cat_table(angles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    table = torch.cat([angles, angles], dim=-1)  # (L, hd): Hugging Face's layout
+    return table.cos(), table.sin()
+
+
+def _no_outer_probe(fn: Callable[..., Any], base: float) -> str:
+    """After a raised error: a sentence if ``fn``, fed L = head_dim/2 rows (where positions * theta
+    still broadcasts), gives what a missing outer product gives; else ''."""
+    gen = torch.Generator().manual_seed(5)
+    x, positions = torch.randn(2, 6, 12, generator=gen), torch.randperm(30, generator=gen)[:6]
+    try:
+        got = fn(x.clone(), positions.clone(), base)
+    except Exception:
+        return ""
+    mistake = next(m for m in _apply_rope_mistakes(base) if "outer product" in m.name)
+    if _close64(got, mistake.compute(x.double(), positions)):
+        return (f"Likely mistake: {mistake.name}. Your function raises a size error when L differs "
+                f"from head_dim/2, and with L = head_dim/2 = 6 it gives what positions * theta gives: "
+                f"{mistake.hint}.")
+    return ""
+
+
 def _apply_rope_mistakes(base: float) -> list[Mistake]:
     def angles(**kw: Any) -> Callable[..., torch.Tensor]:
         return lambda p, hd: _rope_angles(p, hd, base, **kw)
@@ -1025,6 +1142,34 @@ def _apply_rope_mistakes(base: float) -> list[Mistake]:
                 "at position 0 (angle 0) x must come out unchanged: cos goes with the number "
                 "itself, sin with its partner",
                 lambda x, p: (lambda a: _turn_halves(x, torch.pi / 2 - a))(right(p, x.size(-1)))),
+        Mistake("an interleaved table with the halves rotation",
+                "your angles are laid out in pairs, each plane's angle twice in a row "
+                "(repeat_interleave), while the rotation pairs number i with number "
+                "i + head_dim/2: number i then gets the angle of plane i // 2. With the halves "
+                "layout, the table repeats the whole list of angles, cat([angles, angles])",
+                lambda x, p: _turn_interleaved_table(x, right(p, x.size(-1)))),
+        Mistake("the halves table with the pairs rotation",
+                "your rotation turns neighbours (2i, 2i+1) while your table holds plane i's angle at "
+                "numbers i and i + head_dim/2 (the Debug exercise's bug): this exercise pairs the "
+                "halves, number i with number i + head_dim/2",
+                lambda x, p: _pairs_layout(x, *_cat_table(right(p, x.size(-1))))),
+        Mistake("floor division in the frequencies: every plane turns at 1 radian per position",
+                "2 * i // head_dim (or torch.arange(0, head_dim, 2) // head_dim) rounds the "
+                "exponent down to 0, so every theta_i is 1. The exponent is a fraction, "
+                "-2 i / head_dim: true division, /",
+                lambda x, p: _turn_halves(x, p.double()[:, None] * torch.ones(x.size(-1) // 2,
+                                                                             dtype=torch.float64))),
+        Mistake("floor division in the frequencies: the exponents rounded down to -1",
+                "-2 * i // head_dim rounds -2i/head_dim down to -1 for every plane but the first, "
+                "so all planes after the first turn at 1/base per position. The exponent is a "
+                "fraction: true division, /",
+                lambda x, p: _turn_halves(x, p.double()[:, None] * base ** torch.floor(
+                    -2 * torch.arange(x.size(-1) // 2, dtype=torch.float64) / x.size(-1)))),
+        Mistake("positions times frequencies without an outer product",
+                "positions * theta multiplies row j's position by plane j's frequency only (it runs "
+                "when L = head_dim/2, and raises a size error otherwise): every row needs every "
+                "plane's angle, an (L, head_dim/2) table, positions[:, None] * theta[None, :]",
+                lambda x, p: _turn_halves(x, (p.double() * right(torch.ones(1), x.size(-1))[0]))),
         Mistake("only the first half is turned",
                 "a plane's rotation changes BOTH its numbers: (x1 cos - x2 sin, x1 sin + x2 cos)",
                 lambda x, p: torch.cat([_turn_halves(x, right(p, x.size(-1)))[..., : x.size(-1) // 2],
@@ -1104,6 +1249,8 @@ def check_apply_rope(fn: Callable[..., Any]) -> None:
         if failed is not None:
             if not seen and _one_head_dim_rope(fn, n):
                 raise CheckFailure(_one_head_dim_rope(fn, n)) from failed
+            if not seen and _no_outer_probe(fn, base):
+                raise CheckFailure(_no_outer_probe(fn, base)) from failed
             raise failed
         if seen:
             raise CheckFailure("Your function calls a library's rotary code (course_lib's or Hugging "
@@ -1128,168 +1275,271 @@ def check_apply_rope(fn: Callable[..., Any]) -> None:
 # ----------------------------------------------------------------------------------------------
 # check_rope_decode (build ★★★: one decoding step with a KV cache, rotary positions at offset t)
 # ----------------------------------------------------------------------------------------------
+#
+# The rule for positions, one for the whole lesson: positions count from 0. The token after t
+# others sits at position t, and the cache a step receives holds the keys of positions 0..t-1,
+# each already turned by its own position (Hugging Face's position_ids = arange, and course_lib's
+# project_kv(..., start=t)). The checker hands over a prefilled cache (a prompt's keys and values
+# computed by the reference), so a step that counts positions from 1, or turns the keys it finds in
+# the cache again, gives other numbers at once.
 
 
-def _decode_sim(layer: MultiHeadAttention, x: torch.Tensor, base: float, knob: str = "") -> torch.Tensor:
-    """The whole decoding loop in float64, with one mistake ``knob`` (or none): ``(B, T, d_model)``."""
-    W = {n: getattr(layer, n) for n in ("q_proj", "k_proj", "v_proj", "out_proj")}
-
-    def lin(name: str, t: torch.Tensor) -> torch.Tensor:
-        m = W[name]
-        out = t @ m.weight.double().T
-        return out + m.bias.double() if m.bias is not None else out
-
-    B, T, d = x.shape
-    h, kv, hd = layer.num_heads, layer.num_kv_heads, layer.head_dim
-    group = h // kv
-    x = x.double()
-
-    def turn(t: torch.Tensor, pos: int | torch.Tensor) -> torch.Tensor:
-        p = torch.as_tensor(pos).reshape(-1)
-        return _turn_halves(t, _rope_angles(p, hd, base))
-
-    ks, vs, outs = [], [], []
-    for t in range(T):
-        xt = x[:, t : t + 1]  # (B, 1, d)
-        q = lin("q_proj", xt).view(B, 1, h, hd).transpose(1, 2)  # (B, h, 1, hd)
-        k = lin("k_proj", xt).view(B, 1, kv, hd).transpose(1, 2)  # (B, kv, 1, hd)
-        v = lin("v_proj", xt).view(B, 1, kv, hd).transpose(1, 2)
-        pos = {"pos0": 0, "one_based": t + 1}.get(knob, t)
-        if knob != "q_unturned":
-            q = turn(q, pos)
-        if knob not in ("k_unturned",):
-            k = turn(k, pos)
-        if knob == "turn_v":
-            v = turn(v, pos)
-        ks.append(k)
-        vs.append(v)
-        K, V = torch.cat(ks, dim=2), torch.cat(vs, dim=2)  # (B, kv, t + 1, hd)
-        if knob == "turned_twice":
-            K = turn(K, torch.arange(t + 1))
-        if knob == "past_only":
-            K, V = K[:, :, :-1], V[:, :, :-1]
-        if knob == "new_only":
-            K, V = K[:, :, -1:], V[:, :, -1:]
-        if K.size(2) == 0:
-            heads = torch.zeros_like(q)
-        else:
-            index = torch.arange(h) % kv if knob == "modulo" else torch.arange(h) // group
-            K, V = K[:, index], V[:, index]
-            scale = 1.0 if knob == "no_scale" else 1 / math.sqrt(hd)
-            heads = (q @ K.transpose(-2, -1) * scale).softmax(-1) @ V  # (B, h, 1, hd)
-        outs.append(lin("out_proj", heads.transpose(1, 2).reshape(B, 1, d)))
-    return torch.cat(outs, dim=1)
+def _lin64(module: torch.nn.Linear, t: torch.Tensor) -> torch.Tensor:
+    out = t @ module.weight.double().T
+    return out + module.bias.double() if module.bias is not None else out
 
 
+def _heads64(layer: MultiHeadAttention, name: str, x: torch.Tensor, heads: int) -> torch.Tensor:
+    """``x (B, L, d)`` through ``layer.<name>`` in float64: ``(B, heads, L, head_dim)``."""
+    B, L, _ = x.shape
+    return _lin64(getattr(layer, name), x.double()).view(B, L, heads, layer.head_dim).transpose(1, 2)
+
+
+def _turn_at(t: torch.Tensor, positions: Any, base: float) -> torch.Tensor:
+    p = torch.as_tensor(positions).reshape(-1)
+    return _turn_halves(t, _rope_angles(p, t.size(-1), base))
+
+
+def _prefill(layer: MultiHeadAttention, prompt: torch.Tensor, base: float) -> tuple[torch.Tensor, ...]:
+    """The cache of a prompt ``(B, P, d)``: keys turned by positions 0..P-1, and values, float64."""
+    k = _heads64(layer, "k_proj", prompt, layer.num_kv_heads)
+    v = _heads64(layer, "v_proj", prompt, layer.num_kv_heads)
+    return _turn_at(k, torch.arange(prompt.size(1)), base), v
+
+
+def _decode_step64(layer: MultiHeadAttention, x_t: torch.Tensor, t: int, cache: Any, base: float,
+                   knob: str = "") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One step in float64 from a right cache (keys of 0..t-1, turned), with one mistake ``knob``
+    (or none): ``(out (B, 1, d), k, v)``, the cache returned."""
+    h, kv = layer.num_heads, layer.num_kv_heads
+    q = _heads64(layer, "q_proj", x_t, h)  # (B, h, 1, hd)
+    k = _heads64(layer, "k_proj", x_t, kv)  # (B, kv, 1, hd)
+    v = _heads64(layer, "v_proj", x_t, kv)
+    pos = {"pos0": 0, "one_based": t + 1}.get(knob, t)
+    if knob != "q_unturned":
+        q = _turn_at(q, pos, base)
+    k_raw = k
+    if knob not in ("k_unturned", "whole_at_t", "turned_twice", "turned_twice_all"):
+        k = _turn_at(k, pos, base)
+    if knob == "turn_v":
+        v = _turn_at(v, pos, base)
+    K, V = (k, v) if cache is None else (torch.cat([cache[0], k], 2), torch.cat([cache[1], v], 2))
+    keys, values = K, V
+    if knob == "whole_at_t":  # every key, the cached ones too, turned by the new position t
+        keys = _turn_at(torch.cat([cache[0], k_raw], 2) if cache is not None else k_raw, t, base)
+        K = keys
+    if knob in ("turned_twice", "turned_twice_all"):  # the cached keys turned again by 0..t
+        new_key = k_raw if knob == "turned_twice" else _turn_at(k_raw, t, base)
+        keys = _turn_at(torch.cat([cache[0], new_key], 2) if cache is not None else new_key,
+                        torch.arange(t + 1), base)
+        K = keys if knob == "turned_twice_all" else K
+    if knob == "past_only":
+        keys, values = K[:, :, :-1], V[:, :, :-1]
+    if knob == "new_only":
+        keys, values = K[:, :, -1:], V[:, :, -1:]
+    if knob == "first_only":  # a (1, t + 1) tril mask: only column 0 is True
+        keys, values = K[:, :, :1], V[:, :, :1]
+    if keys.size(2) == 0:
+        heads = torch.zeros_like(q)
+    else:
+        index = torch.arange(h) % kv if knob == "modulo" else torch.arange(h) // (h // kv)
+        keys, values = keys[:, index], values[:, index]
+        scale = 1.0 if knob == "no_scale" else 1 / math.sqrt(layer.head_dim)
+        heads = (q @ keys.transpose(-2, -1) * scale).softmax(-1) @ values  # (B, h, 1, hd)
+    merged = heads.transpose(1, 2).reshape(x_t.size(0), 1, h * layer.head_dim)  # (B, 1, d)
+    out = merged if knob == "no_out_proj" else _lin64(layer.out_proj, merged)
+    return out, K, V
+
+
+# (knob, name, what is observed and what it means). The observations say what the step's numbers
+# show; the ★★★'s stub gives no steps, so these messages are where a forgotten step is named.
 _DECODE_MISTAKES = [
-    ("pos0", "every step turned at position 0",
-     "the new query and key sit at position t (the number of cached positions), not 0: at position "
-     "0 RoPE turns nothing, so the model loses all order. Turn both by positions tensor([t])"),
+    ("one_based", "positions counted from 1",
+     "the new query and key are turned by position t + 1, but the cache you received holds the "
+     "keys of positions 0..t-1: the new token is the (t+1)-th, at position t. Positions count from "
+     "0 everywhere in this lesson (the first token is not turned at all)"),
+    ("whole_at_t", "the cached keys are turned again, all by the new position t",
+     "the keys already in the cache come out turned a second time, each by t: the key of position j "
+     "then carries the angle of j + t. The keys you receive are already turned, each by its own "
+     "position j, and a score must see the query's position minus the key's own position"),
+    ("turned_twice", "the cached keys are turned twice",
+     "the keys in the cache you received are already turned, each by its own position; turning "
+     "them again by 0..t doubles every cached key's angle"),
+    ("turned_twice_all", "the cached keys are turned twice",
+     "the keys in the cache you received are already turned, each by its own position; turning "
+     "them again by 0..t doubles every key's angle"),
+    ("pos0", "the new query and key turned at position 0",
+     "your scores are those of a new query and key at position 0 (unturned) against cached keys at "
+     "0..t-1 (the same scores come from turning every key once more by t). The new token sits at "
+     "position t, and each key carries the angle of its own position"),
     ("q_unturned", "the query is not turned",
-     "turn the new query too, by the same position t as its key: the score sees the difference of "
-     "their angles"),
-    ("k_unturned", "the keys are never turned",
-     "turn each key by its own position before it goes into the cache (or turn the whole cache by "
-     "0..t each step): the score sees the difference of the query's and the key's angles"),
+     "the score sees the difference of the query's and the key's angles: the new query must be "
+     "turned by its position t too"),
+    ("k_unturned", "the new key is not turned",
+     "the key you append carries no angle, while the cached keys carry their positions' angles: "
+     "turn it by its own position before it joins the cache"),
     ("turn_v", "the values are turned too",
      "RoPE turns queries and keys only; the values are mixed as they are"),
-    ("turned_twice", "the cached keys are turned twice",
-     "a key turned when it entered the cache is turned again by 0..t: turn each key once, either when "
-     "it enters the cache or (with unturned keys in the cache) at every step, not both"),
+    ("first_only", "the new token attends to position 0 only",
+     "your output is what attending to the first cached position alone gives. A (1, t + 1) mask "
+     "built with tril keeps only its first column; the newest token is the LAST row of the causal "
+     "mask and may see every position 0..t (no mask is needed for one new token)"),
     ("past_only", "the new token does not see itself",
-     "append the new key and value to the cache BEFORE attending: the query at t attends to "
-     "positions 0..t, itself included (the causal mask allows the diagonal)"),
+     "the query at t attends to positions 0..t, itself included: the new key and value must be in "
+     "what it attends to"),
     ("new_only", "the cache is not used",
-     "the query must attend to every cached position and the new one: torch.cat the cache and the "
-     "new key/value along the positions (dim 2)"),
+     "the output is what attending to the new token alone gives: the query must attend to every "
+     "cached position and the new one, (B, num_kv_heads, t + 1, head_dim)"),
     ("modulo", "KV heads paired as i % num_kv_heads",
      "query head i uses KV head i // (num_heads // num_kv_heads): repeat_interleave, not repeat"),
     ("no_scale", "no 1/sqrt(head_dim) scaling",
-     "divide the scores by sqrt(head_dim)"),
+     "the scores are not divided by sqrt(head_dim)"),
+    ("no_out_proj", "layer.out_proj is not applied",
+     "your output is the merged heads themselves: the layer's output goes through its output "
+     "projection, layer.out_proj, after merging the heads"),
 ]
 
-# (case, d_model, heads, KV heads, B, T, bias): 6 heads : 2 KV heads tells i // 3 from i % 2
+# (case, d_model, heads, KV heads, B, prompt length in the cache, steps, bias). The prompts put the
+# positions past 9 (two digits); 6 heads : 2 KV heads tells i // 3 from i % 2; one case starts from
+# no cache at all (t = 0, cache None).
 _DECODE_CASES = [
-    ("d_model 48, 6 heads, 2 KV heads, B=2, 7 steps", 48, 6, 2, 2, 7, True),
-    ("d_model 32, 4 heads, 1 KV head, B=1, 6 steps, no biases", 32, 4, 1, 1, 6, False),
-    ("d_model 40, 2 heads, 2 KV heads (head_dim 20), B=3, 5 steps", 40, 2, 2, 3, 5, True),
+    ("d_model 48, 6 heads, 2 KV heads, B=2, a cache of 11 prompt positions, 4 steps",
+     48, 6, 2, 2, 11, 4, True),
+    ("d_model 32, 4 heads, 1 KV head, B=1, a cache of 3 prompt positions, 5 steps, no biases",
+     32, 4, 1, 1, 3, 5, False),
+    ("d_model 40, 2 heads, 2 KV heads (head_dim 20), B=3, no cache at first (t=0), 6 steps",
+     40, 2, 2, 3, 0, 6, True),
 ]
 DECODE_BASE = 10000.0
+
+
+def _decode_layer(n: int) -> tuple[MultiHeadAttention, MultiHeadAttention, torch.Tensor]:
+    """Case ``n``'s layer without rotary, the same layer with it (the reference) and its input."""
+    _, d, h, kv, B, P, T, bias = _DECODE_CASES[n]
+    gen = torch.Generator().manual_seed(200 + n)
+    torch.manual_seed(200 + n)
+    layer = MultiHeadAttention(d, h, num_kv_heads=kv, bias=bias).eval()
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.4)
+    reference = MultiHeadAttention(d, h, num_kv_heads=kv, bias=bias,
+                                   rotary=RotaryEmbedding(d // h, P + T, DECODE_BASE)).eval()
+    reference.load_state_dict(layer.state_dict())
+    return layer, reference, torch.randn(B, P + T, d, generator=gen)
+
+
+def _decode_cache_message(case: str, t: int, got: tuple, want_k: torch.Tensor, want_v: torch.Tensor,
+                          layer: MultiHeadAttention, x_t: torch.Tensor) -> str:
+    """What is wrong with the cache a step returns (its output was right)."""
+    k_new, v_new = got[0][:, :, -1:], got[1][:, :, -1:]
+    if not _close64(got[0][:, :, :-1], want_k[:, :, :-1]) or not _close64(got[1][:, :, :-1],
+                                                                          want_v[:, :, :-1]):
+        return (f"The cache you return after step t={t} ({case}) changes the positions it received: "
+                "its first t positions should be the received keys and values, as they were.")
+    k_raw = _heads64(layer, "k_proj", x_t, layer.num_kv_heads)
+    if _close64(k_new, k_raw) and t > 0:
+        return (f"Your step's output is right, but the key it appends to the cache at t={t} ({case}) "
+                "is not turned, while the keys it received carry the angles of their positions: the "
+                "next step would read it as a key at position 0.")
+    if _close64(k_new, _turn_at(k_raw, t + 1, DECODE_BASE)):
+        return (f"Your step's output is right, but the key it appends to the cache at t={t} ({case}) "
+                "is turned by position t + 1; the new token sits at position t (positions count "
+                "from 0, and the received keys sit at 0..t-1).")
+    which, mine, right = (("values", got[1], want_v) if _close64(got[0], want_k)
+                          else ("keys", got[0], want_k))
+    return (f"Your step's output is right at t={t} ({case}), but the {which} of the cache it returns "
+            "differ from the received cache plus the new token's, by up to "
+            f"{(_f64(mine) - right).abs().max().item():.3g}.")
 
 
 @checker
 @_no_raw_errors
 def check_rope_decode(fn: Callable[..., Any]) -> None:
     """Check ``fn(layer, x_t (B, 1, d_model), t, cache) -> (out (B, 1, d_model), (k, v))``, one
-    decoding step of rotary grouped-query self-attention; run for T steps it must give what the
-    whole sequence gives at once (cached = recomputed)."""
+    decoding step of rotary grouped-query self-attention. ``cache`` holds the keys (turned by their
+    own positions 0..t-1) and values of the earlier tokens, or is None at t = 0. Each case starts
+    from a prompt's cache (or none) and decodes several steps, the learner's cache carried from
+    step to step: every output must equal the same layer run once on the whole sequence with RoPE
+    and a causal mask (cached = recomputed), and every returned cache must hold the turned keys.
+    At the first wrong step, that step is compared with the usual mistakes made from the same
+    (right) cache."""
     from transformers.models.llama import modeling_llama as hf
 
     from ..masks import causal_mask
 
     if is_course_lib(fn):
         raise CheckFailure("You handed in one of course_lib's functions: write the decoding step.")
-    refused = [RotaryEmbedding.forward, hf.apply_rotary_pos_emb, MultiHeadAttention.forward]
-    for n, (case, d, h, kv, B, T, bias) in enumerate(_DECODE_CASES):
-        gen = torch.Generator().manual_seed(200 + n)
-        torch.manual_seed(200 + n)
-        layer = MultiHeadAttention(d, h, num_kv_heads=kv, bias=bias).eval()
+    refused = [RotaryEmbedding.forward, hf.apply_rotary_pos_emb, MultiHeadAttention.forward,
+               MultiHeadAttention.project_kv, MultiHeadAttention.attend]
+    for n, (case, d, h, kv, B, P, T, _) in enumerate(_DECODE_CASES):
+        layer, reference, x = _decode_layer(n)
         with torch.no_grad():
-            for p in layer.parameters():
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.4)
-        reference = MultiHeadAttention(d, h, num_kv_heads=kv, bias=bias,
-                                       rotary=RotaryEmbedding(d // h, T, DECODE_BASE)).eval()
-        reference.load_state_dict(layer.state_dict())
-        x = torch.randn(B, T, d, generator=gen)
-        with torch.no_grad():
-            expected = reference(x, x, x, causal_mask(T))  # (B, T, d): recomputed, all at once
-        cache, outs = None, []
-        for t in range(T):
+            expected = _f64(reference(x, x, x, causal_mask(P + T)))  # (B, P+T, d): all at once
+        cache = None
+        want = _prefill(layer, x[:, :P], DECODE_BASE) if P else None  # float64
+        if P:
+            cache = tuple(c.float() for c in want)  # the prompt's cache, float32 like the layer
+        for t in range(P, P + T):
             x_t = x[:, t : t + 1].clone()
+            given = None if cache is None else tuple(c.clone() for c in cache)
             with calls_to(refused) as seen, torch.no_grad():
                 result = _call(fn, layer, x_t, t, cache, case=f"{case}, step t={t}",
                                hint="Arguments: layer, x_t (B, 1, d_model), t (int), cache ((k, v) or "
                                     "None at t = 0); return (out (B, 1, d_model), (k, v)).")
             if seen:
-                raise CheckFailure("Your step calls a library's rotary layer (course_lib's "
-                                   "RotaryEmbedding or MultiHeadAttention.forward, or Hugging "
-                                   "Face's apply_rotary_pos_emb): turn the queries and keys with "
-                                   "rope_at, at the position you work out.")
+                raise CheckFailure("Your step calls a library's rotary attention (course_lib's "
+                                   "RotaryEmbedding or MultiHeadAttention's forward, project_kv or "
+                                   "attend, or Hugging Face's apply_rotary_pos_emb): turn the "
+                                   "queries and keys with rope_at, at the position you work out.")
             if not torch.equal(x_t, x[:, t : t + 1]):
                 raise CheckFailure(f"Your step changes x_t in place ({case}, t={t}).")
+            if given is not None and not all(torch.equal(a, b) for a, b in zip(given, cache)):
+                raise CheckFailure(f"Your step changes the cache it received in place ({case}, t={t}): "
+                                   "build the longer cache as a new tensor (torch.cat).")
             if not (isinstance(result, tuple) and len(result) == 2):
                 raise CheckFailure(
                     f"Return a pair (out, cache) ({case}, t={t}), got {type(result).__name__}: out "
                     "(B, 1, d_model) and the new cache (k, v).")
-            out, cache = result
-            if not (isinstance(cache, (tuple, list)) and len(cache) == 2
-                    and all(isinstance(c, torch.Tensor) for c in cache)):
+            out, new_cache = result
+            if not (isinstance(new_cache, (tuple, list)) and len(new_cache) == 2
+                    and all(isinstance(c, torch.Tensor) for c in new_cache)):
                 raise CheckFailure(f"The cache you return ({case}, t={t}) should be a pair of "
                                    "tensors (k, v), each (B, num_kv_heads, t + 1, head_dim).")
-            want = (B, kv, t + 1, d // h)
-            for name, c in zip("kv", cache):
-                if tuple(c.shape) != want:
+            shape = (B, kv, t + 1, d // h)
+            for name, c in zip("kv", new_cache):
+                if tuple(c.shape) != shape:
                     raise CheckFailure(
                         f"The cached {name} has shape {tuple(c.shape)} after step t={t} ({case}); "
-                        f"expected {want}: (B, num_kv_heads, positions so far, head_dim), one new "
-                        "position appended per step (torch.cat along dim 2). Keep num_kv_heads "
-                        "heads in the cache: repeat them for the query heads only when attending.")
+                        f"expected {shape}: (B, num_kv_heads, positions so far, head_dim), the "
+                        "received positions and one new one. Keep num_kv_heads heads in the cache: "
+                        "the query heads share them.")
             expect_shape(out, (B, 1, d), f"out ({case}, t={t})",
-                         "out is the layer's output for the new position: (B, 1, d_model), after "
-                         "merging the heads and layer.out_proj.")
-            outs.append(_f64(out))
-        got = torch.cat(outs, dim=1)  # (B, T, d)
-        if _close64(got, expected, atol=1e-4):
-            continue
-        for knob, name, hint in _DECODE_MISTAKES:
-            if _close64(got, _decode_sim(layer, x, DECODE_BASE, knob), atol=1e-4):
-                raise CheckFailure(f"Likely mistake ({case}): {name}. {hint}.")
-        first = next(t for t in range(T) if not _close64(got[:, t], _f64(expected[:, t]), atol=1e-4))
-        raise CheckFailure(
-            f"Decoded step by step, the outputs differ from the whole sequence computed at once "
-            f"({case}); the first wrong step is t={first}, largest difference "
-            f"{(got - _f64(expected)).abs().max().item():.3g}. None of the usual mistakes explains "
-            "it. Check, at step t: q and k turned by position t, the cache appended before "
-            "attending, KV head i // group for query head i, 1/sqrt(head_dim).")
-    print(f"check_rope_decode: on all {len(_DECODE_CASES)} cases, decoding step by step with your "
-          "cache gives what the whole sequence gives at once. Well done!")
+                         "out is the layer's output for the new position: (B, 1, d_model).")
+            right_out, want_k, want_v = _decode_step64(layer, x_t, t, want, DECODE_BASE)
+            if not _close64(out, expected[:, t : t + 1], atol=1e-4):
+                # Two mistakes can give the same scores (turning the new query and key at 0, or
+                # every key once more at t): the cache each returns tells them apart.
+                matches = []
+                for knob, name, hint in _DECODE_MISTAKES:
+                    if knob in ("past_only",) and want is None:
+                        continue
+                    wrong, wrong_k, _ = _decode_step64(layer, x_t, t, want, DECODE_BASE, knob)
+                    if _close64(out, wrong, atol=1e-4):
+                        matches.append((_close64(new_cache[0], wrong_k, atol=1e-4), name, hint))
+                if matches:
+                    _, name, hint = max(matches, key=lambda m: m[0])  # the first with its cache too
+                    raise CheckFailure(f"Likely mistake ({case}, step t={t}): {name}. {hint}.")
+                raise CheckFailure(
+                    f"Decoded step by step, the output at step t={t} ({case}) differs from the whole "
+                    "sequence computed at once, by up to "
+                    f"{(_f64(out) - expected[:, t : t + 1]).abs().max().item():.3g}, though the "
+                    "cache it received was right. None of the usual mistakes explains it; compare "
+                    "your step's scores with those of the whole sequence's last row.")
+            if not (_close64(new_cache[0], want_k, atol=1e-4) and _close64(new_cache[1], want_v,
+                                                                            atol=1e-4)):
+                raise CheckFailure(_decode_cache_message(case, t, new_cache, want_k, want_v, layer,
+                                                         x_t))
+            cache, want = tuple(new_cache), (want_k, want_v)
+    print(f"check_rope_decode: on all {len(_DECODE_CASES)} cases (prompts in the cache, and none), "
+          "decoding step by step with your cache gives what the whole sequence gives at once. "
+          "Well done!")

@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
+import subprocess
 import sys
+import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from multiprocessing import get_context
 from pathlib import Path
 
@@ -50,19 +53,64 @@ def _cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def grade_all(paths: list[Path], settings: Settings, workers: int) -> list[Graded]:
-    """Grade every submission, ``workers`` at a time, each worker in its own process."""
-    rows = []
-    with ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=configure_worker,
-                             initargs=(settings.threads,)) as pool:
-        futures = [pool.submit(grade_submission, p, settings) for p in paths]
-        for future in futures:
-            row = future.result()
-            marks = row.marks()
-            print(f"{row.student}: lesson {row.lesson or '?'}, {sum(marks.values())} of {len(marks)} "
-                  f"passed, {row.status} ({row.seconds:.0f} s)", flush=True)
-            rows.append(row)
-    return rows
+def _sandbox(choice: str) -> tuple[str, str]:
+    """("bwrap" or "none", the line that says so)."""
+    found = shutil.which("bwrap")
+    works = False
+    if found and sys.platform.startswith("linux"):
+        try:
+            works = subprocess.run([found, "--ro-bind", "/", "/", "--unshare-net", "--unshare-pid",
+                                    "--die-with-parent", "true"], capture_output=True, timeout=30).returncode == 0
+        except (OSError, subprocess.TimeoutExpired):
+            works = False
+    if choice == "bwrap" and not works:
+        raise SystemExit("grade: --sandbox bwrap, but bubblewrap (bwrap) is missing or cannot run here "
+                         "(Debian/Ubuntu: apt-get install bubblewrap)")
+    if choice == "none" or not works:
+        why = "--sandbox none" if choice == "none" else "bubblewrap (bwrap) is not available here"
+        return "none", (f"grade: NO SANDBOX ({why}): each kernel runs as you, with your files and network; "
+                        "see the README, For instructors")
+    return "bwrap", ("grade: sandbox bwrap: each kernel sees the file system read-only, its own scratch "
+                     "folder, a private /tmp, no network, no other process")
+
+
+def grade_all(paths: list[Path], settings: Settings, workers: int,
+              contents: dict[Path, str] | None = None) -> list[Graded]:
+    """Grade every submission, ``workers`` at a time, each worker in its own process. A worker lost
+    on the way (killed from a kernel) costs only the rows it was grading: they are tried once more,
+    one at a time, then get the status "grader error"."""
+    rows: dict[Path, Graded] = {}
+    start = time.monotonic()
+
+    def done(path: Path, row: Graded) -> None:
+        rows[path] = row
+        marks = row.marks()
+        left = len(paths) - len(rows)
+        spent = time.monotonic() - start
+        eta = f", about {spent / len(rows) * left:.0f} s left" if left else ""
+        print(f"[{len(rows)}/{len(paths)}{eta}] {row.student}: lesson {row.lesson or '?'}, "
+              f"{sum(marks.values())} of {len(marks)} passed, {row.status} ({row.seconds:.0f} s)", flush=True)
+
+    def run(batch: list[Path], n: int) -> list[Path]:
+        lost = []
+        with ProcessPoolExecutor(n, mp_context=get_context("spawn"), initializer=configure_worker,
+                                 initargs=(settings.threads,)) as pool:
+            futures = {pool.submit(grade_submission, p, settings, None, (contents or {}).get(p)): p
+                       for p in batch}
+            for future in as_completed(futures):
+                try:
+                    done(futures[future], future.result())
+                except Exception:  # noqa: BLE001 (a worker killed under a submission: BrokenProcessPool)
+                    lost.append(futures[future])
+        return lost
+
+    lost = run(paths, workers)
+    for path in lost:  # alone, so that one submission's sabotage cannot cost another its row
+        for again in run([path], 1):
+            row = Graded(student=again.stem, status="grader error",
+                         notes=["the grader's worker was killed while grading it, twice"])
+            done(again, row)
+    return [rows[p] for p in paths]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -74,21 +122,46 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=_cores(), help="notebooks at a time (default: one per core)")
     parser.add_argument("--memory-gb", type=float, default=None,
                         help="address-space limit per kernel (default: the machine's RAM / workers)")
+    parser.add_argument("--sandbox", choices=["auto", "bwrap", "none"], default="auto",
+                        help="run each kernel in a bubblewrap sandbox (auto: where bwrap works)")
     parser.add_argument("submissions", nargs="+", help="notebooks, or folders of them")
     args = parser.parse_args(argv)
+    mode, line = _sandbox(args.sandbox)
+    print(line, flush=True)
     paths = _submissions(args.submissions)
+    # every submission is read now, before any learner's code runs: a kernel cannot swap another's
+    contents = {}
+    for path in paths:
+        try:
+            contents[path] = path.read_bytes().decode("utf-8", errors="replace")
+        except OSError as err:
+            contents[path] = f"unreadable: {err}"
     workers = max(1, min(args.workers, len(paths)))
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     memory = int(args.memory_gb * 2**30) if args.memory_gb else max(4 * 2**30, ram // workers)
+    hidden = sorted({str(p.resolve().parent) for p in paths if not _holds_course(p.resolve().parent)}
+                    | {str(p.resolve()) for p in paths} | {str(args.out.resolve())})
+    scratch_root = tempfile.mkdtemp(prefix="grade-run-")
+    os.chmod(scratch_root, 0o700)
     settings = Settings(cell_timeout=args.timeout, notebook_timeout=args.notebook_timeout,
-                        memory_bytes=memory, threads=max(1, _cores() // workers))
+                        memory_bytes=memory, threads=max(1, _cores() // workers), sandbox=mode,
+                        scratch_root=scratch_root, hidden=hidden)
     start = time.monotonic()
-    rows = grade_all(paths, settings, workers)
-    write_all(args.out, rows, read_lessons())
+    try:
+        rows = grade_all(paths, settings, workers, contents)
+    finally:
+        shutil.rmtree(scratch_root, ignore_errors=True)
+    write_all(args.out, rows, read_lessons(), sandbox=line)
     graded = sum(r.status == "graded" for r in rows)
     print(f"grade: {len(rows)} submissions ({graded} graded cleanly) in {time.monotonic() - start:.0f} s on "
-          f"{workers} worker(s); wrote {args.out}/grades.csv, report.html, feedback/")
+          f"{workers} worker(s), sandbox {mode}; wrote {args.out}/grades.csv, report.html, feedback/")
     return 0
+
+
+def _holds_course(folder: Path) -> bool:
+    """True if hiding ``folder`` would hide the course or Python itself from the kernel."""
+    needed = [Path(__file__).resolve().parent, Path(sys.prefix).resolve(), Path(sys.executable).resolve()]
+    return any(folder == p or folder in p.parents for p in needed)
 
 
 if __name__ == "__main__":

@@ -160,10 +160,130 @@ def build() -> tuple[list[Submission], list[Submission]]:
     add("lesson02_other_lesson", solve(lesson("02"), "02.split_heads", "02.view"), [0, 1, 0, 1, 0],
         lesson_id="02")
 
+    # --- issue 40: processes, kernels, sabotage, fakes ------------------------------------------
+    add("spawns_processes", insert_after(solve(lesson("00"), *L00), IMPORTS, SPAWN), [1, 1, 1])
+    # json.dumps is also what the kernel's own messages are made with: the kernel stops talking
+    add("sabotage_json", insert_after(solve(lesson("00"), *L00), IMPORTS,
+                                      'import json\njson.dump = lambda o, fp, *a, **k: fp.write("{")\n'
+                                      'json.dumps = lambda *a, **k: "{"'), [0, 0, 0], "kernel died")
+    add("forged_results", insert_after(solve(lesson("00"), *L00), IMPORTS, FORGE), [0, 0, 0], "results forged")
+    add("frame_swap", insert_after(solve(lesson("00"), "00.parameters"), "def predicted_broadcast_shape",
+                                   FRAME_SWAP), [0, 0, 1])
+    moved = solve(lesson("00"), *L00)
+    i = index_of(moved, "def predicted_gradient")
+    moved.cells.insert(index_of(moved, "check_gradient_prediction(") + 1, new_code_cell(moved.cells.pop(i).source))
+    add("stub_moved", moved, [1, 0, 1], "stub moved")  # (f)
+    add("exec_solutions_file", solve(lesson("00"), *L00[:2], "00.parameters", source=EXEC_FILE), [0, 0, 0])  # (a)
+    add("import_renamed", insert_after(solve(lesson("00"), "00.broadcast", "00.parameters"),
+                                       "def predicted_gradient", RENAMED),
+        [1, 0, 1])  # (b)
+    add("thread_new", insert_after(solve(lesson("00"), *L00), "def predicted_gradient", THREAD_NEW),
+        [1, 0, 1])  # (d), a thread started while it is checked
+    add("thread_pool", insert_after(solve(lesson("00"), *L00), "def predicted_gradient", THREAD_POOL),
+        [1, 0, 1])  # (d), a thread started before
+    getsource = solve(lesson("01"), *L01)
+    edit(getsource, "def my_attention", GETSOURCE)
+    add("lesson01_getsource", getsource, [1, 1, 0, 1, 1], lesson_id="01")  # (c)
+
     slow = [Submission("endless_loop", nbformat.writes(solve(solve(lesson("00"), *L00), "00.gradient",
                        source="def predicted_gradient():\n    while True:\n        pass\n")),
                        "00", dict(zip(L00, [1, 0, 1])), "timeout")]
     return s, slow
+
+
+def build_sandboxed() -> list[Submission]:
+    """Cases only the sandbox can hold: the class folder and other learners' scratch folders."""
+    s = [Submission("tamper_class", nbformat.writes(insert_after(solve(lesson("00"), *L00), IMPORTS, TAMPER)),
+                    "00", dict(zip(L00, [1, 1, 1])), "graded"),
+         Submission("copies_others", nbformat.writes(solve(solve(lesson("00"), *L00), "00.broadcast",
+                                                           source=COPY_OTHERS)),
+                    "00", dict(zip(L00, [0, 1, 1])), "graded")]  # (h)
+    return s
+
+
+def build_plain() -> list[Submission]:
+    """The class graded with --sandbox none: the process and sabotage cases, and a kernel that
+    kills its grader's worker (with the sandbox its parent is the sandbox's init, which it cannot kill)."""
+    main, _ = build()
+    keep = {"correct", "spawns_processes", "sabotage_json", "forged_results", "frame_swap", "exec_solutions_file"}
+    s = [sub for sub in main if sub.student in keep]
+    s.append(Submission("kills_grader", nbformat.writes(insert_after(solve(lesson("00"), *L00), IMPORTS,
+                                                                     "import os, signal\nos.kill(os.getppid(), "
+                                                                     "signal.SIGKILL)")),
+                        "", {}, "grader error"))
+    return s
+
+
+MARK = "4242"  # in the command line of every process the class starts: the test looks for it after
+SPAWN = f"""import os, subprocess
+subprocess.Popen(["sleep", "{MARK}.1"])
+subprocess.Popen(["sleep", "{MARK}.2"], start_new_session=True)
+subprocess.Popen(["sh", "-c", "(setsid sleep {MARK}.3 &) ; exit 0"])
+if os.fork() == 0:
+    os.execvp("sleep", ["sleep", "{MARK}.4"])
+import tempfile
+tempfile.mkstemp()
+"""
+FORGE = """import threading, time
+from IPython.display import publish_display_data
+def _forge():
+    while True:
+        publish_display_data({"application/vnd.course-grader+json": '{"seq": 0}'})
+        time.sleep(0.02)
+threading.Thread(target=_forge, daemon=True).start()
+"""
+FRAME_SWAP = """def predicted_broadcast_shape():
+    import sys
+    f = sys._getframe(1)
+    while f is not None:  # the re-check's frame: mark every exercise passed
+        found = f.f_locals.get("results")
+        if isinstance(found, dict) and isinstance(found.get("exercises"), dict):
+            for key in ("00.broadcast", "00.gradient", "00.parameters"):
+                found["exercises"][key] = {"outcome": "passed", "message": "", "mistake": "", "site": ""}
+        f = f.f_back
+    return (3, 1, 4)
+"""
+EXEC_FILE = """import course_lib.solutions
+exec(open(course_lib.solutions.__path__[0] + "/lesson00.py").read())
+"""
+RENAMED = """from course_lib.solutions.lesson00 import predicted_gradient
+predicted_gradient.__code__ = predicted_gradient.__code__.replace(co_filename="<ipython-input-3>")
+"""
+THREAD_NEW = """from concurrent.futures import ThreadPoolExecutor
+def predicted_gradient():
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(predicted_answer, "00.gradient").result()
+"""
+THREAD_POOL = """from concurrent.futures import ThreadPoolExecutor
+_pool = ThreadPoolExecutor(1)
+_pool.submit(print, "ready").result()
+def predicted_gradient():
+    return _pool.submit(predicted_answer, "00.gradient").result()
+"""
+GETSOURCE = """import inspect
+import course_lib.attention
+exec(inspect.getsource(course_lib.attention.scaled_dot_product_attention).replace(
+    "def scaled_dot_product_attention", "def my_attention"))
+"""
+TAMPER = """import pathlib
+try:  # another learner's notebook replaced, a file added: the sandbox shows neither folder
+    folder = pathlib.Path(CLASS_DIR)
+    (folder / "correct.ipynb").write_text("{}")
+    (folder / "added.ipynb").write_text("{}")
+except OSError as err:
+    print("could not:", type(err).__name__)
+""".replace("CLASS_DIR", "{class_dir!r}")
+COPY_OTHERS = """import glob, json
+def predicted_broadcast_shape():
+    raise NotImplementedError
+for path in glob.glob("/tmp/**/*.ipynb", recursive=True):  # another learner's scratch copy
+    try:
+        for cell in json.load(open(path))["cells"]:
+            if "def predicted_broadcast_shape" in "".join(cell["source"]) and "NotImplemented" not in "".join(cell["source"]):
+                exec("".join(cell["source"]))
+    except Exception:
+        pass
+"""
 
 
 def write(submissions: list[Submission], folder: Path) -> list[Path]:
@@ -171,7 +291,8 @@ def write(submissions: list[Submission], folder: Path) -> list[Path]:
     paths = []
     for sub in submissions:
         path = folder / f"{sub.student}{sub.suffix}"
-        path.write_text(sub.content, encoding="utf-8")
+        content = sub.content.replace("{class_dir!r}", repr(str(folder.resolve())).replace("'", '\\"'))
+        path.write_text(content, encoding="utf-8")
         paths.append(path)
     return paths
 

@@ -66,7 +66,18 @@ def calls_to(functions: Sequence[Callable[..., Any]]) -> Iterator[list[Callable[
 
 
 class CheckFailure(AssertionError):
-    """Raised by a checker; the message says what is wrong and how to fix it."""
+    """Raised by a checker; the message says what is wrong and how to fix it.
+
+    ``mistake`` is the name of the mistake the checker named, if it named one (``compare`` sets it);
+    ``site`` is where in the checker it was raised. The grader's report groups a class's failures
+    by them (``mistake`` first), never by parsing the message.
+    """
+
+    def __init__(self, message: str = "", mistake: str | None = None) -> None:
+        super().__init__(message)
+        self.mistake = mistake
+        caller = sys._getframe(1)
+        self.site = f"{caller.f_code.co_filename.rsplit('/', 1)[-1]}:{caller.f_code.co_name}:{caller.f_lineno}"
 
 
 @dataclass
@@ -310,7 +321,7 @@ def compare(
         except Exception:  # a variant that cannot run on this case simply does not match
             continue
         if _close(got, wrong, atol):
-            raise CheckFailure(f"Likely mistake ({case}): {mistake.name}. {mistake.hint}")
+            raise CheckFailure(f"Likely mistake ({case}): {mistake.name}. {mistake.hint}", mistake=mistake.name)
     got_t, exp_t = _as_tensors(got), _as_tensors(expected)
     diffs = [
         (g.float() - e.float()).abs().max().item()

@@ -1,18 +1,29 @@
 """The grader's code that runs inside each learner's kernel (sent as text, never imported there).
 
-``snapshot()`` runs before the learner's first cell: it keeps the original attributes of builtins,
-torch, torch.Tensor, torch.nn.functional and nn.Module, and returns ``restore()``, which puts back any
-the notebook replaced (a monkeypatched ``torch.allclose`` cannot fake a pass).
+``snapshot()`` runs before the learner's first cell. It imports ``course_lib.checks`` (so every
+checker's reference module is loaded: ``course_lib.gpt``, ``course_lib.attention``, ...) and keeps
+the original state of builtins, torch, torch.Tensor, torch.nn.functional, nn.Module and of every
+course_lib module: its attributes, its functions' code and defaults, its classes' attributes, its
+lists and dicts. It returns ``restore()``, which puts back whatever the notebook changed and says
+what (a monkeypatched ``torch.allclose`` or ``GPT.forward`` cannot fake a pass).
 
-``recheck(...)`` runs after the learner's last cell. It drops every ``course_lib`` module from
-``sys.modules`` and imports the checkers afresh (an edited ``has_passed`` or a patched
-``course_lib.checks`` is gone), then calls each exercise's genuine checker, exactly as the lesson
-calls it, on the learner's object, with seeds set by the grader and a time limit. An outcome counts
-only if the learner's code left the checkers, torch and builtins alone meanwhile and did not call
-into ``course_lib/solutions``. It writes the outcomes as JSON to a file the grader reads.
+``recheck(...)`` runs after the learner's last cell. It restores that state, then drops only the
+checker modules (``course_lib.checks.*``) from ``sys.modules`` and imports them afresh (an edited
+``has_passed`` or a patched mistake list is gone). The reference modules are kept, restored: the
+learner's model is an instance of the very ``course_lib.gpt.GPT`` the fresh checker imports, so an
+``isinstance`` check holds (re-importing them too made every lesson-12 model "not a course_lib GPT").
+Then it calls each exercise's genuine checker, exactly as the lesson calls it, on the learner's
+object, with seeds the notebook never saw and a time limit. An outcome counts only if, meanwhile, the
+learner's code left the checkers, references, torch and builtins alone; ran none of course_lib's
+solutions or references by a copy (exec'd from a file, ``inspect.getsource``, imported, renamed) on
+any thread it starts; no thread it started earlier ran; and the exercise's code is the code of the
+notebook's own cells. The outcomes leave the kernel as display messages of the re-check's own cell
+(MIME type ``MIME``, numbered, with the grader's nonce), never through a file.
 """
 
 import sys
+
+MIME = "application/vnd.course-grader+json"
 
 
 def _watched(target):
@@ -25,53 +36,284 @@ def _watched(target):
     return {k: v for k, v in names.items() if not k.startswith("_")}
 
 
+def _is_ours(name):
+    return name == "course_lib" or name.startswith("course_lib.")
+
+
+def _functions_of(module):
+    """(owner, attribute name, function) for the functions a course_lib module defines, its classes'
+    methods included."""
+    import inspect
+
+    found = []
+    for name, value in list(vars(module).items()):
+        if getattr(value, "__module__", None) != module.__name__:
+            continue
+        if inspect.isfunction(value):
+            found.append((module, name, value))
+        elif inspect.isclass(value):
+            for attr, member in list(vars(value).items()):
+                member = getattr(member, "__func__", member)
+                if inspect.isfunction(member):
+                    found.append((value, attr, member))
+    return found
+
+
+def _state(modules):
+    """What restore() puts back: module attributes, functions' code and defaults, classes'
+    attributes, and the contents of module-level lists, dicts and sets."""
+    import inspect
+    import types
+
+    attrs = {}
+    for name, module in modules.items():
+        attrs[name] = {k: v for k, v in vars(module).items() if not isinstance(v, types.ModuleType)}
+    functions = [(f, f.__code__, f.__defaults__, f.__kwdefaults__,
+                  [c.cell_contents if _filled(c) else None for c in f.__closure__ or ()])
+                 for module in modules.values() for _, _, f in _functions_of(module)]
+    classes = [(v, dict(vars(v))) for module in modules.values() for v in vars(module).values()
+               if inspect.isclass(v) and getattr(v, "__module__", None) == module.__name__]
+    containers = [(v, list(v) if isinstance(v, list) else v.copy()) for module in modules.values()
+                  for k, v in vars(module).items() if type(v) in (list, dict, set)
+                  and k not in ("RESULTS", "_PASSED", "__all__")]
+    return attrs, functions, classes, containers
+
+
+def _filled(cell):
+    try:
+        cell.cell_contents  # noqa: B018
+        return True
+    except ValueError:
+        return False
+
+
+def _restorer(modules):
+    """restore() for ``modules``: puts back what the notebook changed in them; returns what."""
+    attrs, functions, classes, containers = _state(modules)
+    missing = object()
+
+    def restore(containers_too=True):
+        """``containers_too``: count a changed list or dict as a change (a cache that a checker
+        fills while it runs is put back silently when False)."""
+        changed = []
+        for name, module in modules.items():
+            if sys.modules.get(name) is not module:
+                sys.modules[name] = module
+                changed.append(f"sys.modules[{name!r}]")
+            now = vars(module)
+            for key, value in attrs[name].items():
+                if now.get(key, missing) is not value:
+                    now[key] = value
+                    changed.append(f"{name}.{key}")
+        for f, code, defaults, kwdefaults, cells in functions:
+            if f.__code__ is not code or f.__defaults__ is not defaults or f.__kwdefaults__ is not kwdefaults:
+                f.__code__, f.__defaults__, f.__kwdefaults__ = code, defaults, kwdefaults
+                changed.append(f"{f.__module__}.{f.__qualname__}")
+            for cell, value in zip(f.__closure__ or (), cells):
+                if _filled(cell) and cell.cell_contents is not value:
+                    cell.cell_contents = value
+                    changed.append(f"{f.__module__}.{f.__qualname__} (its closure)")
+        for cls, members in classes:
+            now = dict(vars(cls))
+            for key in set(now) | set(members):
+                if key in ("__dict__", "__weakref__", "__doc__", "__abstractmethods__"):
+                    continue
+                if now.get(key, missing) is not members.get(key, missing):
+                    try:
+                        if key in members:
+                            setattr(cls, key, members[key])
+                        else:
+                            delattr(cls, key)
+                    except (AttributeError, TypeError):
+                        pass
+                    changed.append(f"{cls.__module__}.{cls.__qualname__}.{key}")
+        for container, contents in containers:
+            if (list(container) if isinstance(container, list) else container) != contents:
+                if isinstance(container, list):
+                    container[:] = contents
+                else:
+                    container.clear()
+                    container.update(contents)
+                if containers_too:
+                    changed.append(f"a list or dict of course_lib ({type(container).__name__})")
+        return changed
+
+    return restore
+
+
 def snapshot():
     import builtins
+    import threading
 
     import torch
     import torch.nn.functional as F
 
-    saved = [(t, dict(_watched(t))) for t in (builtins, torch, torch.Tensor, F, torch.nn.Module)]
-    missing = object()
+    import course_lib.checks  # noqa: F401 (loads every checker and the references they compare with)
 
-    def restore():
+    import json
+    import json.encoder
+
+    saved = [(t, dict(_watched(t))) for t in (builtins, torch, torch.Tensor, F, torch.nn.Module, json,
+                                              json.encoder, json.JSONEncoder)]
+    modules = {n: m for n, m in sys.modules.items() if _is_ours(n) and not n.startswith("course_lib.checks")}
+    ours = _restorer(modules)
+    missing = object()
+    kernel_threads = set(sys._current_frames()) | {t.ident for t in threading.enumerate()}
+
+    def restore(containers_too=True):
         changed = []
-        for target, attrs in saved:
+        for target, attrs_ in saved:
             now = vars(target)
-            for name, value in attrs.items():
+            for name, value in attrs_.items():
                 if now.get(name, missing) is not value:
                     try:
                         setattr(target, name, value)
                     except (AttributeError, TypeError):
                         pass
                     changed.append(f"{getattr(target, '__name__', '?')}.{name}")
-        return changed
+        return changed + ours(containers_too)
 
+    restore.kernel_threads = kernel_threads
     return restore
 
 
-def recheck(spec, out_path, seed, limit, restore, solutions_dir):
+def _fingerprint(code):
+    """A code object's identity that survives a copy: its bytecode, names and constants (nested
+    code objects by their own fingerprints), not its file name, line numbers or function name."""
+    import types
+
+    consts = tuple(_fingerprint(c) if isinstance(c, types.CodeType) else repr(c) for c in code.co_consts)
+    return (code.co_code, code.co_names, code.co_varnames, code.co_argcount, code.co_kwonlyargcount, consts)
+
+
+def _lines(code):
+    """How many source lines a code object spans (a one-line method is too common to call a copy)."""
+    return len({line for _, _, line in code.co_lines() if line is not None})
+
+
+def _codes(code):
+    """``code`` and every code object nested in it."""
+    import types
+
+    found, stack = [], [code]
+    while stack:
+        c = stack.pop()
+        found.append(c)
+        stack += [k for k in c.co_consts if isinstance(k, types.CodeType)]
+    return found
+
+
+def _compiled(sources, transform=None):
+    """Fingerprints of every code object the given sources compile to (sources that do not compile
+    are skipped), with and without ``from __future__ import annotations`` (IPython keeps a cell's
+    __future__ imports for the cells after it)."""
+    import __future__
+
+    prints = set()
+    for source in sources:
+        try:
+            text = transform(source) if transform else source
+        except Exception:  # noqa: BLE001
+            continue
+        for flags in (0, __future__.annotations.compiler_flag):
+            try:
+                top = compile(text, "<cell>", "exec", flags, dont_inherit=True)
+            except (SyntaxError, ValueError):
+                continue
+            prints.update(_fingerprint(c) for c in _codes(top))
+    return prints
+
+
+def _exercise_codes(obj):
+    """The code objects an exercise's object is made of: a function's (unwrapped), a class's own
+    methods (not those a @dataclass generates)."""
+    import inspect
+
+    obj = inspect.unwrap(obj) if callable(obj) else obj
+    if inspect.isfunction(obj):
+        return [obj.__code__]
+    if inspect.isclass(obj):
+        generated = set(getattr(obj, "__dataclass_fields__", ())) and {
+            "__init__", "__repr__", "__eq__", "__hash__", "__setattr__", "__delattr__", "__lt__",
+            "__le__", "__gt__", "__ge__", "__match_args__"}
+        codes = []
+        for name, member in vars(obj).items():
+            member = getattr(member, "__func__", None) or getattr(member, "fget", None) or member
+            member = inspect.unwrap(member) if callable(member) else member
+            if inspect.isfunction(member) and not (generated and name in generated
+                                                   and member.__code__.co_filename == "<string>"):
+                codes.append(member.__code__)
+        return codes
+    return []
+
+
+def recheck(spec, seed, limit, restore, nonce, solutions_dir, cells, user_ns=None, publish=None):
+    """Re-run every exercise's checker; publish (and return) {"exercises": {key: {outcome, message,
+    mistake}}, "patched_before": [...]}. ``user_ns`` and ``publish`` default to the kernel's."""
     import contextlib
     import importlib
+    import inspect
     import io
     import json
+    import os
     import random
     import signal
+    import threading
+    import time
 
     sys.setprofile(None)
     sys.settrace(None)
+    threading.setprofile(None)
+    threading.settrace(None)
     patched_before = restore()
-    for name in [m for m in sys.modules if m == "course_lib" or m.startswith("course_lib.")]:
+    for name in [m for m in sys.modules if m.startswith("course_lib.checks")]:
         del sys.modules[name]
     checks = importlib.import_module("course_lib.checks")
     common = sys.modules["course_lib.checks._common"]
     import numpy
     import torch
-    from IPython import get_ipython
 
-    user_ns = get_ipython().user_ns
-    ours = [m for n, m in sys.modules.items() if n.startswith("course_lib")]
-    originals = {id(m): dict(vars(m)) for m in ours}
+    if user_ns is None:
+        from IPython import get_ipython
+
+        shell = get_ipython()
+        user_ns = shell.user_ns
+        transform = shell.transform_cell
+    else:
+        transform = None
+    if publish is None:
+        from IPython.display import publish_display_data
+
+        def publish(payload):
+            publish_display_data({MIME: payload})
+
+    restore_checkers = _restorer({n: m for n, m in sys.modules.items() if n.startswith("course_lib.checks")})
+    # The course's own code, and every copy of it: genuine code objects by identity, copies by
+    # fingerprint. The notebook's cells may hold a solution's text (shown by show_solution; that
+    # is a peek, reported as such), so code compiled from the cells is never called a copy.
+    genuine = {c for n, m in list(sys.modules.items()) if _is_ours(n)
+               for _, _, f in _functions_of(m) for c in _codes(f.__code__)}
+    solution_files = [os.path.join(solutions_dir, f) for f in sorted(os.listdir(solutions_dir))
+                      if f.endswith(".py")]
+    solution_prints = _compiled([open(p, encoding="utf-8").read() for p in solution_files])
+    course_prints = solution_prints | {_fingerprint(c) for c in genuine if _lines(c) >= 3}
+    cell_prints = _compiled(cells, transform)
+    verdicts = {}
+
+    def copied(code):
+        """None, or what ``code`` is a copy of ("a solution", "course_lib's reference")."""
+        key = id(code)
+        if key not in verdicts:
+            if code.co_filename.startswith(solutions_dir):
+                verdicts[key] = (code, "course_lib's solutions")
+            elif code in genuine:
+                verdicts[key] = (code, None)
+            else:
+                fp = _fingerprint(code)
+                verdicts[key] = (code, None if fp in cell_prints or fp not in course_prints else
+                                 "a copy of course_lib's solutions" if fp in solution_prints else
+                                 "a copy of course_lib's reference")
+        return verdicts[key][1]
 
     class GraderTimeout(BaseException):
         """Not an Exception: the checkers' and most learners' ``except Exception`` let it through."""
@@ -80,28 +322,46 @@ def recheck(spec, out_path, seed, limit, restore, solutions_dir):
         raise GraderTimeout(f"the checker did not finish within {limit:g} s (an endless loop?)")
 
     signal.signal(signal.SIGALRM, on_alarm)
-    used_solutions = []
+    used = []
 
     def tracer(frame, event, arg):
-        if event == "call" and frame.f_code.co_filename.startswith(solutions_dir):
-            used_solutions.append(frame.f_code.co_name)
+        if event == "call":
+            what = copied(frame.f_code)
+            if what:
+                used.append(what)
         return None
 
+    def cpu_of(idents):
+        times = {}
+        for ident in idents:
+            try:
+                times[ident] = time.clock_gettime(time.pthread_getcpuclockid(ident))
+            except (OSError, AttributeError, OverflowError):
+                pass
+        return times
+
+    me = threading.get_ident()
+    learner_threads = [i for i in sys._current_frames() if i != me and i not in restore.kernel_threads]
     results = {"patched_before": patched_before, "exercises": {}}
+    seq = 0
     for ex in spec:
-        outcome, message = "failed", ""
+        outcome, message, mistake, site = "failed", "", "", ""
         if ex["name"] not in user_ns:
             outcome, message = "missing", f"`{ex['name']}` is not defined: the exercise cell is missing."
         else:
+            candidate = user_ns[ex["name"]]
             namespace = dict(user_ns)
             namespace["_grader_checker_"] = getattr(checks, ex["checker"])
             call = f"_grader_checker_({', '.join([ex['name']] + ex['args'])})"
+            # seeds the notebook never saw: the re-check's inputs differ from the cells' inputs
             torch.manual_seed(seed)
             random.seed(seed)
-            numpy.random.seed(seed)
+            numpy.random.seed(seed % 2**32)
             before, printed = len(common.RESULTS), io.StringIO()
-            used_solutions.clear()
+            used.clear()
+            cpu_before = cpu_of(learner_threads)
             signal.setitimer(signal.ITIMER_REAL, limit)
+            threading.settrace(tracer)
             sys.settrace(tracer)
             try:
                 with contextlib.redirect_stdout(printed):
@@ -109,30 +369,58 @@ def recheck(spec, out_path, seed, limit, restore, solutions_dir):
             except GraderTimeout as err:
                 message = f"Timed out: {err}."
             except BaseException as err:  # noqa: BLE001 (a learner's SystemExit or anything else)
-                message = str(err) or type(err).__name__
+                try:
+                    message = str(err) or type(err).__name__
+                    mistake = str(getattr(err, "mistake", "") or "")
+                    site = str(getattr(err, "site", "") or "")
+                except BaseException:  # noqa: BLE001 (an exception whose __str__ fails)
+                    message = "the check raised an exception that cannot be printed"
             finally:
                 sys.settrace(None)
+                threading.settrace(None)
                 signal.setitimer(signal.ITIMER_REAL, 0)
+            cpu_after = cpu_of(learner_threads)
+            busy = [i for i in cpu_after if cpu_after[i] - cpu_before.get(i, cpu_after[i]) > 0.002]
             new = common.RESULTS[before:]
             if not message and len(new) == 1:
                 outcome = new[0].outcome
-            tampered = restore() + [
-                f"{m.__name__}.{k}" for m in ours for k, v in originals[id(m)].items()
-                if vars(m).get(k) is not v]
-            for m in ours:  # put the checkers back for the next exercise
-                vars(m).update(originals[id(m)])
+            tampered = restore(False) + restore_checkers(False)  # and put them back for the next exercise
+            foreign = [c for c in _exercise_codes(candidate) if fp_missing(c, cell_prints)]
             if tampered:
                 outcome, message = "failed", ("Your code changed " + ", ".join(sorted(set(tampered))[:3])
                                               + " while it was being checked; it is graded 0.")
-            elif used_solutions and outcome == "passed":
-                outcome, message = "failed", ("Your code calls course_lib's solutions instead of "
-                                              "computing the answer itself; it is graded 0.")
+                mistake = "grader: changed the checkers"
+            elif used and outcome == "passed":
+                outcome, message = "failed", (f"Your code runs {used[0]} instead of computing the "
+                                              "answer itself; it is graded 0.")
+                mistake = "grader: ran course_lib's code"
+            elif foreign and outcome == "passed":
+                outcome, message = "failed", (
+                    f"`{ex['name']}` is not code from your notebook's cells (it was exec'd, imported or "
+                    "loaded from a file): the grader grades only code you wrote in the notebook; it is "
+                    "graded 0.")
+                mistake = "grader: code not from the notebook"
+            elif busy and outcome == "passed":
+                outcome, message = "failed", (
+                    "A thread your notebook started earlier was running while this exercise was being "
+                    "checked, so the grader cannot tell whose work the answer is; it is graded 0. "
+                    "Stop your threads before the notebook ends.")
+                mistake = "grader: a background thread ran"
             elif outcome == "passed":
                 message = printed.getvalue().strip()
             elif not message:
                 message = printed.getvalue().strip() or "the checker did not run"
-        results["exercises"][ex["key"]] = {"outcome": outcome, "message": message}
-        with open(out_path, "w", encoding="utf-8") as f:
-            json.dump(results, f)
+        result = {"outcome": str(outcome), "message": str.__str__(str(message)),
+                  "mistake": str.__str__(str(mistake)), "site": str.__str__(str(site))}
+        results["exercises"][ex["key"]] = result
+        # each exercise's result leaves at once, numbered: a later exercise's code cannot change it
+        publish(json.dumps({"nonce": nonce, "seq": seq, "key": ex["key"], "result": result,
+                            "patched_before": patched_before}))
+        seq += 1
     signal.signal(signal.SIGALRM, signal.SIG_DFL)
     return results
+
+
+def fp_missing(code, cell_prints):
+    """True if ``code`` was not compiled from any of the notebook's cells."""
+    return _fingerprint(code) not in cell_prints

@@ -11,18 +11,16 @@ from __future__ import annotations
 
 import csv
 import html
-import re
 from collections import Counter
 from pathlib import Path
 
 from .lessons import Lesson
 from .runner import Graded
 
-_LIKELY = re.compile(r"^Likely mistake \(([^)]*)\): (.+?)\. (.*)$", re.S)
 _STYLE = """body{font-family:system-ui,sans-serif;max-width:60em;margin:2em auto;padding:0 1em;color:#222}
 table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:.3em .6em;text-align:left;
 vertical-align:top}th{background:#f3f3f3}.ok{color:#1a7f37}.no{color:#b42318}.na{color:#777}
-.bar{fill:#4c78a8}.axis{font-size:12px}"""
+.bar{fill:#4c78a8}.axis{font-size:12px}.msg{white-space:pre-wrap}.warn{background:#fff4e5;padding:.5em}"""
 
 
 def _columns(rows: list[Graded], lessons: dict[str, Lesson]) -> list[str]:
@@ -40,13 +38,16 @@ def _csv(path: Path, rows: list[Graded], keys: list[str]) -> None:
                           sum(marks.values()), r.status])
 
 
-def mistake_of(message: str) -> tuple[str, str]:
-    """(the mistake's name, its hint) from a checker's message."""
-    found = _LIKELY.match(message.strip())
-    if found:
-        return found.group(2), found.group(3).strip()
-    first, _, rest = message.strip().partition(". ")
-    return first.rstrip("."), rest.strip()
+def mistake_of(result: dict[str, str]) -> tuple[str, str]:
+    """(the identity of the mistake a checker named, a short label for it) for one failed result.
+
+    The identity is the checker's own, carried out of the kernel with the message: the name of the
+    mistake it named (``CheckFailure.mistake``), else the place in the checker that raised
+    (``CheckFailure.site``); the label is that name, else the message's first line."""
+    message = result.get("message", "").strip()
+    first = message.splitlines()[0] if message else "(no message)"
+    mistake, site = result.get("mistake", ""), result.get("site", "")
+    return (mistake or site or first), (mistake or first)
 
 
 def _table(header: list[str], body: list[list[str]]) -> str:
@@ -71,7 +72,7 @@ def _chart(shares: list[tuple[str, float, int]]) -> str:
     return "".join(parts)
 
 
-def _report(rows: list[Graded], lessons: dict[str, Lesson]) -> str:
+def _report(rows: list[Graded], lessons: dict[str, Lesson], sandbox: str = "") -> str:
     esc = html.escape
     graded = [r for r in rows if r.lesson and r.results]
     shares, pass_rows, mistakes = [], [], []
@@ -81,30 +82,33 @@ def _report(rows: list[Graded], lessons: dict[str, Lesson]) -> str:
         share = n_pass / len(takers) if takers else 0.0
         shares.append((key, share, len(takers)))
         pass_rows.append([esc(key), f"{n_pass} of {len(takers)}", f"{share:.0%}"])
-        named = Counter()
-        hints = {}
+        named: Counter[str] = Counter()
+        labels, examples = {}, {}
         for r in takers:
             if r.results[key]["outcome"] == "failed":
-                name, hint = mistake_of(r.results[key]["message"])
-                named[name] += 1
-                hints[name] = hint
-        for name, count in named.items():
-            mistakes.append((count, key, name, hints[name]))
+                identity, label = mistake_of(r.results[key])
+                named[identity] += 1
+                labels.setdefault(identity, label)
+                examples.setdefault(identity, r.results[key]["message"])
+        for identity, count in named.items():
+            mistakes.append((count, key, labels[identity], examples[identity]))
     mistakes.sort(key=lambda m: (-m[0], m[1], m[2]))
-    mistake_rows = [[esc(key), f"<b>{count} learner{'s' * (count != 1)}</b>: {esc(name)}", esc(hint[:300])]
-                    for count, key, name, hint in mistakes]
+    mistake_rows = [[esc(key), f"<b>{count} learner{'s' * (count != 1)}</b>: {esc(label[:200])}",
+                     f"<div class='msg'>{esc(example[:1200])}</div>"]
+                    for count, key, label, example in mistakes]
     peeks = [[esc(r.student), esc(", ".join(r.peeked))] for r in rows if r.peeked]
     trouble = [[esc(r.student), esc(r.lesson or "?"), esc(r.status), esc("; ".join(r.notes))]
                for r in rows if r.status != "graded"]
     n_lessons = ", ".join(sorted({r.lesson for r in rows if r.lesson})) or "none"
     return (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>Class report</title>"
             f"<style>{_STYLE}</style></head><body><h1>Class report</h1>"
-            f"<p>{len(rows)} submissions; {len(graded)} run and re-checked by the grader; lessons {n_lessons}. "
+            + (f"<p class='warn'>{esc(sandbox)}</p>" if sandbox else "")
+            + f"<p>{len(rows)} submissions; {len(graded)} run and re-checked by the grader; lessons {n_lessons}. "
             "Every mark is the genuine checker's verdict on the learner's own code, re-run by the grader "
             "after the notebook.</p>"
             f"<h2>Who passed each exercise</h2>{_chart(shares)}{_table(['exercise', 'passed', 'share'], pass_rows)}"
             "<h2>The class's mistakes, most common first</h2>"
-            + (_table(["exercise", "mistake the checker named", "its hint"], mistake_rows) if mistake_rows
+            + (_table(["exercise", "mistake the checker named", "what it said (one learner's message)"], mistake_rows) if mistake_rows
                else "<p>No checker named a mistake.</p>")
             + "<h2>Solutions shown before passing</h2>"
             + (_table(["student", "exercises"], peeks) if peeks else "<p>Nobody.</p>")
@@ -124,7 +128,7 @@ def _feedback(row: Graded, lessons: dict[str, Lesson]) -> str:
             verdict = "<span class='na'>not attempted</span>"
         else:
             verdict = "<span class='no'>not passed</span>"
-        message = "" if outcome == "not implemented" else esc(result["message"])
+        message = "" if outcome == "not implemented" else f"<div class='msg'>{esc(result['message'])}</div>"
         body.append([esc(key), verdict, message])
     total = sum(row.marks().values())
     status = "" if row.status == "graded" else f"<p><b>Note:</b> {esc(row.status)}. {esc('; '.join(row.notes))}</p>"
@@ -136,13 +140,13 @@ def _feedback(row: Graded, lessons: dict[str, Lesson]) -> str:
             f"{status}{table}</body></html>")
 
 
-def write_all(out: Path, rows: list[Graded], lessons: dict[str, Lesson]) -> None:
+def write_all(out: Path, rows: list[Graded], lessons: dict[str, Lesson], sandbox: str = "") -> None:
     """grades.csv, grades_NN.csv per lesson, report.html and feedback/<student>.html under ``out``."""
     rows = sorted(rows, key=lambda r: r.student)
     (out / "feedback").mkdir(parents=True, exist_ok=True)
     _csv(out / "grades.csv", rows, _columns(rows, lessons))
     for lid in sorted({r.lesson for r in rows if r.lesson}):
         _csv(out / f"grades_{lid}.csv", [r for r in rows if r.lesson == lid], lessons[lid].keys)
-    (out / "report.html").write_text(_report(rows, lessons), encoding="utf-8")
+    (out / "report.html").write_text(_report(rows, lessons, sandbox), encoding="utf-8")
     for r in rows:
         (out / "feedback" / f"{r.student}.html").write_text(_feedback(r, lessons), encoding="utf-8")

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
+import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -25,8 +28,10 @@ from .lessons import NOTEBOOK_DIR, Lesson, match_lesson, read_lessons
 _HERE = Path(__file__).resolve().parent
 COURSE_LIB = _HERE.parent
 # The most important problem first: a row shows one status.
-STATUS_ORDER = ["not a notebook", "unknown lesson", "kernel died", "timeout", "memory limit",
-                "output too large", "cells deleted", "cells reordered", "graded"]
+STATUS_ORDER = ["not a notebook", "unknown lesson", "grader error", "results forged", "kernel died",
+                "timeout", "memory limit", "output too large", "stub moved", "cells deleted",
+                "cells reordered", "graded"]
+_MIME = "application/vnd.course-grader+json"  # kernel_side.MIME
 
 
 @dataclass
@@ -36,7 +41,10 @@ class Settings:
     memory_bytes: int = 8 * 2**30  # address space of the kernel
     output_bytes: int = 2 * 2**20  # printed output kept per notebook (50 x for all output)
     threads: int = 1  # torch / OpenMP threads per kernel
-    seed: int = 0
+    seed: int = -1  # the re-check's seed: -1 draws a fresh one per submission (see _recheck_seed)
+    sandbox: str = "none"  # "bwrap": each kernel in a bubblewrap sandbox; "none": as a plain process
+    scratch_root: str | None = None  # where the submissions' scratch folders go (default: TMPDIR)
+    hidden: list[str] = field(default_factory=list)  # paths the sandbox hides (the class, the output)
 
 
 @dataclass
@@ -59,34 +67,75 @@ def _worse(current: str, new: str) -> str:
     return min(current, new, key=STATUS_ORDER.index)
 
 
-def _kernel_manager(settings: Settings) -> Any:
+def _sandbox_command(scratch: Path, settings: Settings) -> list[str]:
+    """bwrap's arguments: the whole file system read-only, its own scratch folder writable, a
+    private /tmp, /dev and /proc, no network, its own PID namespace (every process in it dies with
+    it), the class's folders and the output folder hidden."""
+    command = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
+    for hidden in settings.hidden:
+        if hidden == "/tmp" or hidden.startswith("/tmp/"):
+            continue  # the private /tmp hides it already
+        if Path(hidden).is_dir():
+            command += ["--tmpfs", hidden]
+        elif Path(hidden).exists():
+            command += ["--ro-bind", "/dev/null", hidden]
+    command += ["--bind", str(scratch), str(scratch), "--chdir", str(scratch / "work"),
+                "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+                "--die-with-parent", "--new-session", "--"]
+    return command
+
+
+def _kernel_manager(scratch: Path, settings: Settings) -> Any:
     from jupyter_client.manager import AsyncKernelManager
 
     launcher = str(_HERE / "limits.py")
+    sandbox = _sandbox_command(scratch, settings) if settings.sandbox == "bwrap" else []
 
     class LimitedKernelManager(AsyncKernelManager):
         def format_kernel_cmd(self, extra_arguments: list[str] | None = None) -> list[str]:
             command = super().format_kernel_cmd(extra_arguments)
-            return [sys.executable, launcher, str(settings.memory_bytes), "--", *command]
+            return [*sandbox, sys.executable, launcher, str(settings.memory_bytes), "--", *command]
 
-    return LimitedKernelManager(kernel_name="python3")
+    # IPC sockets in the scratch folder: no TCP port (and no "running over TCP" warning), and
+    # nothing another submission's kernel can reach
+    return LimitedKernelManager(kernel_name="python3", transport="ipc", ip=str(scratch / "ipc" / "kernel"),
+                                connection_file=str(scratch / "ipc" / "kernel.json"))
 
 
-def _client(nb: Any, folder: Path, settings: Settings) -> Any:
+def _kernel_env(scratch: Path) -> dict[str, str]:
+    """The kernel's environment: every cache and temporary file inside its scratch folder."""
+    env = dict(os.environ)
+    for name, sub in (("TMPDIR", "tmp"), ("MPLCONFIGDIR", "cache/matplotlib"), ("IPYTHONDIR", "cache/ipython"),
+                      ("JUPYTER_RUNTIME_DIR", "ipc"), ("XDG_CACHE_HOME", "cache"),
+                      ("TORCHINDUCTOR_CACHE_DIR", "cache/inductor")):
+        (scratch / sub).mkdir(parents=True, exist_ok=True)
+        env[name] = str(scratch / sub)
+    env.pop("JPY_PARENT_PID", None)
+    return env
+
+
+def _client(nb: Any, scratch: Path, settings: Settings) -> Any:
     from nbclient import NotebookClient
 
     class Client(NotebookClient):
-        """nbclient, counting timeouts and keeping at most ``output_bytes`` of output."""
+        """nbclient, counting timeouts, keeping at most ``output_bytes`` of output, and taking the
+        grader's results out of the re-check cell's display messages."""
 
         timed_out = False
         output_size = 0  # printed text
         display_size = 0  # everything, figures and HTML views included (lessons show a few MB)
+        grader_cell = -1
+        payloads: list[str] = []
 
         async def _async_handle_timeout(self, timeout: int, cell: Any = None) -> Any:
             self.timed_out = True
             return await super()._async_handle_timeout(timeout, cell)
 
         def output(self, outs: list, msg: dict, display_id: str | None, cell_index: int) -> Any:
+            data = msg.get("content", {}).get("data") or {}
+            if cell_index == self.grader_cell and isinstance(data, dict) and _MIME in data:
+                self.payloads.append(data[_MIME])
+                return None
             size = len(json.dumps(msg.get("content", {}), default=str))
             if msg["msg_type"] == "stream":
                 self.output_size += size
@@ -97,9 +146,82 @@ def _client(nb: Any, folder: Path, settings: Settings) -> Any:
 
     error = {"ename": "TimeoutError", "evalue": f"cell exceeded {settings.cell_timeout:g} s",
              "traceback": []}
-    return Client(nb, timeout=settings.cell_timeout, allow_errors=True, interrupt_on_timeout=True,
-                  error_on_timeout=error, km=_kernel_manager(settings), record_timing=False,
-                  resources={"metadata": {"path": str(folder)}})
+    client = Client(nb, timeout=settings.cell_timeout, allow_errors=True, interrupt_on_timeout=True,
+                    error_on_timeout=error, km=_kernel_manager(scratch, settings), record_timing=False,
+                    shutdown_kernel="immediate", resources={"metadata": {"path": str(scratch / "work")}})
+    client.owns_km = True  # nbclient shuts the kernel down when setup_kernel's block ends
+    client.payloads = []
+    return client
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every living process below ``pid`` (Linux /proc; empty elsewhere)."""
+    children: dict[int, list[int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        ppid = int(stat[stat.rindex(b")") + 2:].split()[1])
+        children.setdefault(ppid, []).append(int(entry))
+    found, stack = [], [pid]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            found.append(child)
+            stack.append(child)
+    return found
+
+
+def end_processes(keep: set[int]) -> int:
+    """Kill every descendant of this process not in ``keep`` and reap it; return how many. The
+    worker is a child subreaper (``configure_worker``), so a submission's orphans, double-forked or
+    in a session of their own, are its descendants too."""
+    killed = 0
+    deadline = time.monotonic() + 2  # a shut-down kernel (and bwrap around it) first ends by itself
+    while time.monotonic() < deadline and [p for p in _descendants(os.getpid()) if p not in keep and _alive(p)]:
+        try:
+            os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            pass
+        time.sleep(0.02)
+    for _ in range(50):
+        pids = [p for p in _descendants(os.getpid()) if p not in keep]
+        if not pids:
+            break
+        for pid in pids:
+            try:
+                killed += _alive(pid)
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        deadline = time.monotonic() + 2
+        while time.monotonic() < deadline:
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                if not [p for p in _descendants(os.getpid()) if p not in keep and _alive(p)]:
+                    break
+                time.sleep(0.02)
+    return killed
+
+
+def _alive(pid: int) -> bool:
+    """False for a zombie or a process gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    return stat[stat.rindex(b")") + 2:stat.rindex(b")") + 3] != b"Z"
 
 
 def _structure(nb: Any, lesson: Lesson) -> str:
@@ -150,28 +272,57 @@ def _peeked(graded_cells: list[Any], stored_cells: list[Any], lesson: Lesson, pa
     return [k for k in lesson.keys if k in peeked and k in passed]
 
 
-def _run(nb: Any, lesson: Lesson, folder: Path, settings: Settings, row: Graded) -> None:
+def _read_payloads(payloads: list[str], nonce: str, row: Graded) -> dict[str, Any]:
+    """The re-check's results, one message per exercise, or {} (and the status "results forged") if
+    any is not the grader's own: numbered 0, 1, 2, ... with this run's nonce. Anything else means
+    that the notebook's code wrote into the re-check's output."""
+    checked: dict[str, Any] = {"exercises": {}, "patched_before": []}
+    for expected_seq, text in enumerate(payloads):
+        try:
+            data = json.loads(text)
+            result = data["result"]
+            ok = (data.get("nonce") == nonce and data.get("seq") == expected_seq and isinstance(data["key"], str)
+                  and isinstance(result, dict) and data["key"] not in checked["exercises"]
+                  and all(isinstance(result.get(k), str) for k in ("outcome", "message", "mistake", "site")))
+        except (ValueError, TypeError, KeyError, RecursionError):
+            ok = False
+        if not ok:
+            row.status = _worse(row.status, "results forged")
+            row.notes.append("the re-check's results were not the grader's own (the notebook's code wrote "
+                             "into them); every exercise is graded 0")
+            return {}
+        checked["exercises"][data["key"]] = result
+        checked["patched_before"] = data.get("patched_before") or []
+    return checked
+
+
+def _run(nb: Any, lesson: Lesson, scratch: Path, settings: Settings, row: Graded) -> None:
     """Execute the cells in a limited kernel, then the re-check; fill ``row``."""
     from nbclient.exceptions import DeadKernelError
     from nbformat.v4 import new_code_cell
 
     token = secrets.token_hex(6)
+    nonce = secrets.token_hex(16)
     grader = f"_g{token}"
     source = (_HERE / "kernel_side.py").read_text(encoding="utf-8")
     setup = (f"def {grader}():\n    ns = {{'__name__': 'grader'}}\n    exec({source!r}, ns)\n"
              f"    ns['restore'] = ns['snapshot']()\n    return ns\n{grader} = {grader}()")
-    results_file = Path(tempfile.mkdtemp(prefix="grade-results-")) / f"{token}.json"
     spec = [{"key": e.key, "name": e.name, "checker": e.checker, "args": e.args} for e in lesson.exercises]
-    recheck = (f"{grader}['recheck']({spec!r}, {str(results_file)!r}, {settings.seed}, "
-               f"{settings.cell_timeout}, {grader}['restore'], {str(COURSE_LIB / 'solutions')!r})")
-    client = _client(nb, folder, settings)
+    cells = [c.source for c in nb.cells if c.cell_type == "code"]
+    recheck = (f"{grader}['recheck']({spec!r}, {_recheck_seed(settings.seed)}, {settings.cell_timeout}, "
+               f"{grader}['restore'], {nonce!r}, {str(COURSE_LIB / 'solutions')!r}, {cells!r})\nNone")
+    client = _client(nb, scratch, settings)
     start = time.monotonic()
     alive = True
     learner_cells = list(nb.cells)
     try:
-        with client.setup_kernel():
+        # the kernel's output goes nowhere: no process of the submission holds the grader's stdout.
+        # In the sandbox the kernel's parent is the namespace's init (PID 1), which ipykernel's
+        # parent poller would take for "the parent exited": bwrap's --die-with-parent does that job.
+        with client.setup_kernel(env=_kernel_env(scratch), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL, independent=settings.sandbox == "bwrap"):
             nb.cells.append(new_code_cell(setup))  # the grader's cells run last in the list, and
-            client.timeout = max(settings.cell_timeout, 300)  # (it imports torch)
+            client.timeout = max(settings.cell_timeout, 300)  # (it imports torch and the checkers)
             client.execute_cell(nb.cells[-1], len(nb.cells) - 1)  # leave the learner's indices as they are
             client.timeout = settings.cell_timeout
             for index, cell in enumerate(learner_cells):
@@ -183,7 +334,8 @@ def _run(nb: Any, lesson: Lesson, folder: Path, settings: Settings, row: Graded)
                     break
                 client.execute_cell(cell, index)
             nb.cells[-1] = new_code_cell(recheck)
-            client.timeout = settings.cell_timeout * len(spec) + 300  # it re-imports course_lib
+            client.grader_cell = len(nb.cells) - 1
+            client.timeout = settings.cell_timeout * len(spec) + 300
             client.execute_cell(nb.cells[-1], len(nb.cells) - 1)
     except DeadKernelError:
         alive = False
@@ -204,22 +356,29 @@ def _run(nb: Any, lesson: Lesson, folder: Path, settings: Settings, row: Graded)
     for cell in nb.cells:
         for out in cell.get("outputs", []):
             if out.get("output_type") == "error" and (
-                    out.get("ename") == "MemoryError" or "can't allocate memory" in out.get("evalue", "")):
+                    out.get("ename") == "MemoryError" or "can't allocate memory" in str(out.get("evalue", ""))):
                 row.status = _worse(row.status, "memory limit")
-    checked = {}
-    if alive and results_file.is_file():
-        checked = json.loads(results_file.read_text(encoding="utf-8"))
-        if checked.get("patched_before"):
-            row.notes.append("undid the notebook's changes to " + ", ".join(checked["patched_before"][:5]))
-    shutil.rmtree(results_file.parent, ignore_errors=True)
+    checked = _read_payloads(client.payloads, nonce, row) if alive else {}
+    if checked.get("patched_before"):
+        row.notes.append("undid the notebook's changes to " + ", ".join(map(str, checked["patched_before"][:5])))
     for ex in lesson.exercises:
         row.results[ex.key] = checked.get("exercises", {}).get(
             ex.key, {"outcome": "not checked", "message": "The grader could not re-check this exercise "
-                     f"({row.status})."})
+                     f"({row.status}).", "mistake": ""})
 
 
-def grade_submission(path: Path, settings: Settings, lessons: dict[str, Lesson] | None = None) -> Graded:
-    """Grade one submitted notebook; never raises for a bad submission."""
+def _recheck_seed(seed: int) -> int:
+    """The re-check's seed: drawn afresh for every run, so its inputs are not the notebook's (whose
+    cells seed with small fixed numbers) and cannot be recorded in advance; ``seed`` only decides
+    which fresh draw (tests that need a fixed draw pass a seed and read it back)."""
+    return secrets.randbits(31) if seed < 0 else 10_000 + seed
+
+
+def grade_submission(path: Path, settings: Settings, lessons: dict[str, Lesson] | None = None,
+                     content: str | None = None) -> Graded:
+    """Grade one submitted notebook (its text ``content``, read by the grader before any kernel ran,
+    else ``path``); never raises for a bad submission. Every process the submission started is ended
+    and its scratch folder removed before this returns."""
     import nbformat
 
     warnings.filterwarnings("ignore", module="nbformat")  # a learner's notebook format is not our news
@@ -227,9 +386,11 @@ def grade_submission(path: Path, settings: Settings, lessons: dict[str, Lesson] 
     row = Graded(student=path.stem)
     lessons = lessons or read_lessons()
     try:
-        nb = nbformat.reads(path.read_text(encoding="utf-8"), as_version=4)
+        text = content if content is not None else path.read_text(encoding="utf-8")
+        nb = nbformat.reads(text, as_version=4)
         if not isinstance(nb.get("cells"), list):
             raise ValueError("no cells")
+        stored = list(nbformat.reads(text, as_version=4).cells)
     except Exception as err:  # noqa: BLE001
         row.status = "not a notebook"
         row.notes.append(f"could not read it as a notebook: {str(err)[:200]}")
@@ -242,23 +403,70 @@ def grade_submission(path: Path, settings: Settings, lessons: dict[str, Lesson] 
     lesson = lessons[lesson_id]
     row.lesson = lesson_id
     row.status = _structure(nb, lesson)
-    stored = list(nbformat.reads(path.read_text(encoding="utf-8"), as_version=4).cells)
-    folder = Path(tempfile.mkdtemp(prefix=f"grade-{row.student[:40]}-"))
+    moved = _moved_stubs(nb, lesson)
+    keep = set(_descendants(os.getpid()))
+    scratch = Path(tempfile.mkdtemp(prefix=f"grade-{secrets.token_hex(4)}-", dir=settings.scratch_root))
     try:
-        shutil.copytree(lesson.path.parent, folder, dirs_exist_ok=True,
+        shutil.copytree(lesson.path.parent, scratch / "work", dirs_exist_ok=True,
                         ignore=shutil.ignore_patterns("*.ipynb", ".ipynb_checkpoints"))
-        nbformat.write(nb, folder / lesson.path.name)
-        _run(nb, lesson, folder, settings, row)
+        nbformat.write(nb, scratch / "work" / lesson.path.name)
+        _run(nb, lesson, scratch, settings, row)
+    except Exception as err:  # noqa: BLE001 (the grader's own trouble is this row's, not the batch's)
+        row.status = _worse(row.status, "grader error")
+        row.notes.append(f"the grader failed on it: {type(err).__name__}: {str(err)[:200]}")
     finally:
-        shutil.rmtree(folder, ignore_errors=True)
+        left = end_processes(keep)
+        if left:
+            row.notes.append(f"ended {left} process(es) the notebook left running")
+        shutil.rmtree(scratch, ignore_errors=True)
+    if moved:
+        row.status = _worse(row.status, "stub moved")
+        row.notes.append("the stub cell of " + ", ".join(moved) + " is gone and its name is defined after "
+                         "its check cell")
+        for key in moved:
+            name = next(e.name for e in lesson.exercises if e.key == key)
+            row.results[key] = {"outcome": "failed", "mistake": "grader: stub moved", "message": (
+                f"The exercise's cell was deleted and `{name}` is defined after the cell that checks it, so "
+                "the check in your notebook never ran on it; it is graded 0. Write your answer in the "
+                "exercise's own cell.")}
     passed = {k for k, r in row.results.items() if r["outcome"] == "passed"}
     row.peeked = _peeked(nb.cells, stored, lesson, passed)
     row.seconds = time.monotonic() - began
     return row
 
 
+def _moved_stubs(nb: Any, lesson: Lesson) -> list[str]:
+    """Exercises whose stub cell (found by its key, or by its text) is gone while a cell defines
+    the exercise's name: the learner moved the definition away from the checker's place."""
+    from .lessons import _DEFINES
+
+    keys = {c.get("metadata", {}).get("exercise") for c in nb.cells}
+    sources = {c.source.strip() for c in nb.cells if c.cell_type == "code"}
+    defined = {n for c in nb.cells if c.cell_type == "code" for n in _DEFINES.findall(c.source)}
+    moved = []
+    for ex in lesson.exercises:
+        if ex.key in keys or ex.stub_source.strip() in sources:
+            continue
+        stub_first = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"
+                      and re.search(rf"^(?:def|class)\s+{re.escape(ex.name)}\b", c.source, re.M)]
+        check_at = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and f"{ex.checker}(" in c.source]
+        if ex.name in defined and (not stub_first or not check_at or stub_first[0] > check_at[0]):
+            moved.append(ex.key)
+    return moved
+
+
 def configure_worker(threads: int) -> None:
-    """Environment for the kernels a worker starts: its share of the cores, no GUI backends."""
+    """Environment for the kernels a worker starts: its share of the cores, no GUI backends. The
+    worker becomes a child subreaper (Linux): a process a submission starts and abandons, even in
+    a new session or double-forked, is re-parented to the worker, which ends it (``end_processes``)."""
+    import logging
+
+    logging.getLogger("asyncio").setLevel(logging.CRITICAL)  # nbclient's "Task exception was never
+    # retrieved" when a kernel dies: the row says so; the terminal shows only the grader's lines
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
     for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ[name] = str(threads)
     os.environ["PYDEVD_DISABLE_FILE_VALIDATION"] = "1"

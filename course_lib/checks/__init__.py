@@ -6,7 +6,7 @@ to fix it. An exercise you have not started (it raises ``NotImplementedError``) 
 
 One module per lesson: prerequisites (00), attention (01), multi_head (02), embeddings (03),
 encoder (04), decoder (05), training (06), inference (07), translation (08), gpt (09),
-tokenization (10), modern (11), inside (12).
+tokenization (10), modern (11), inside (12), distributed (14).
 ``show_solution`` and ``predicted_answer`` (for the reveal cell after a "Predict, then run"
 exercise) come from ``course_lib.solutions``.
 """
@@ -14,6 +14,7 @@ exercise) come from ``course_lib.solutions``.
 from ._common import CheckFailure, has_passed, yours_or_reference
 from .attention import *  # noqa: F403
 from .decoder import *  # noqa: F403
+from .distributed import *  # noqa: F403
 from .embeddings import *  # noqa: F403
 from .encoder import *  # noqa: F403
 from .gpt import *  # noqa: F403

@@ -1,0 +1,209 @@
+"""Start N processes joined in one gloo process group, run a function on each, always end them (lesson 14).
+
+    results = run_on_ranks(fn, world_size=2, args=(batch,), timeout=30)   # [fn(0, 2, batch), fn(1, 2, batch)]
+
+``fn(rank, world_size, *args)`` runs in ``world_size`` new processes, each with
+``torch.distributed`` initialised (backend gloo, CPU) and one thread, and returns what each rank
+returned, in rank order (anything ``torch.save`` can store: tensors, numbers, lists, dicts).
+
+What the house rule asks (whatever starts processes ends them, even when something fails):
+
+- **No port for the rendezvous.** The ranks find each other through a ``FileStore``, a file in a
+  temporary folder, instead of a TCP store on a port. (Gloo's own connections between the ranks are
+  sockets of the worker processes; they close when the processes end.)
+- **Every process ends.** The parent waits at most ``timeout`` seconds; when a rank fails, the others
+  are stopped at once rather than left waiting in a collective that will never complete; and a
+  ``finally`` terminates (then kills) every child still alive, whatever happened: an error, a time
+  limit, the learner pressing stop. The temporary folder is removed.
+- **A crashed rank cannot hang the others.** Every collective has a deadline (``init_process_group``'s
+  ``timeout``), and the parent's own deadline stops everything in any case.
+
+**Notebooks.** A function defined in a notebook cannot be pickled, so the ``spawn`` start method
+(a fresh interpreter) cannot import it. On Linux (JupyterLab, Colab) the children are *forked*: they
+start as copies of the kernel and see every name the notebook defined, and gloo on CPU is safe to
+use from a forked child because the parent never initialises a process group itself. Elsewhere
+(macOS, Windows) the ``spawn`` method is used, and a function that lives in ``__main__`` (a notebook
+cell) is written with its source into a temporary module that the children import; it may then use
+only the names of ``PRELUDE`` and its own imports.
+"""
+
+from __future__ import annotations
+
+import inspect
+import multiprocessing as mp
+import os
+import shutil
+import sys
+import tempfile
+import textwrap
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["run_on_ranks", "RankFailed", "RanksTimedOut", "default_start_method", "PRELUDE"]
+
+# What a notebook function sees when it is written to a module (the spawn start method).
+PRELUDE = ("import math\nimport torch\nimport torch.distributed as dist\nimport torch.nn.functional as F\n"
+           "from torch import nn\n")
+
+
+class RankFailed(RuntimeError):
+    """A rank raised an error (its type, message and traceback are in the message) or died."""
+
+
+class RanksTimedOut(RuntimeError):
+    """The ranks did not all finish in time; every one of them was stopped."""
+
+
+def default_start_method() -> str:
+    """``fork`` where it is safe and available (Linux), else ``spawn``."""
+    return "fork" if sys.platform.startswith("linux") else "spawn"
+
+
+def _worker(fn: Callable[..., Any], rank: int, world_size: int, args: Sequence[Any], folder: str,
+            collective_timeout: float, threads: int, module_file: str | None) -> None:
+    """One rank: join the group through the FileStore, run ``fn``, store its result or its error."""
+    out = os.path.join(folder, f"rank{rank}.pt")
+    try:
+        torch.set_num_threads(threads)
+        if module_file is not None:  # spawn: import the notebook's functions from their source
+            import importlib.util
+
+            spec = importlib.util.spec_from_file_location("_course_rank_function", module_file)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            fn = getattr(module, fn.name) if isinstance(fn, _FromSource) else fn
+            args = [getattr(module, a.name) if isinstance(a, _FromSource) else a for a in args]
+        store = dist.FileStore(os.path.join(folder, "store"), world_size)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size,
+                                timeout=timedelta(seconds=collective_timeout))
+        try:
+            result = fn(rank, world_size, *args)
+        finally:
+            dist.destroy_process_group()
+        torch.save({"ok": True, "result": result}, out)
+    except BaseException as err:  # noqa: BLE001 (report every failure to the parent)
+        text = "".join(traceback.format_exception(type(err), err, err.__traceback__))
+        try:
+            torch.save({"ok": False, "error": f"{type(err).__name__}: {err}", "traceback": text}, out)
+        finally:
+            os._exit(1)
+
+
+def _peer_gone(error: str) -> bool:
+    """Gloo's error when the rank at the other end of a connection has ended."""
+    return "by peer" in error or "gloo" in error.lower()
+
+
+class _FromSource:
+    """Stands for a notebook function (or class) that the children import from the written module."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+def _in_main(obj: Any) -> bool:
+    return callable(obj) and getattr(obj, "__module__", None) == "__main__"
+
+
+def _module_for(objects: Sequence[Any], folder: str) -> str:
+    """Write the sources of notebook functions and classes below ``PRELUDE`` into a module; return
+    its path (the ``spawn`` start method: a notebook's names cannot be pickled)."""
+    sources = []
+    for obj in objects:
+        try:
+            sources.append(textwrap.dedent(inspect.getsource(obj)))
+        except (OSError, TypeError) as err:
+            raise RankFailed(f"run_on_ranks: the source of {obj.__name__} cannot be read ({err}); "
+                             "define it in a module, or run on Linux (fork)") from err
+    path = os.path.join(folder, "_course_rank_function.py")
+    with open(path, "w", encoding="utf-8") as file:
+        file.write(PRELUDE + "\n\n" + "\n\n".join(sources))
+    return path
+
+
+def run_on_ranks(fn: Callable[..., Any], world_size: int = 2, args: Sequence[Any] = (), *,
+                 timeout: float = 60.0, threads: int = 1, start_method: str | None = None) -> list[Any]:
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` gloo processes; return their results.
+
+    Raises ``RankFailed`` (naming the rank and its error) if a rank raised or died, and
+    ``RanksTimedOut`` if they did not all finish within ``timeout`` seconds. In every case, every
+    process started here has ended when this function returns or raises.
+    """
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"run_on_ranks: world_size must be an int >= 1, got {world_size!r}")
+    if not callable(fn):
+        raise TypeError(f"run_on_ranks: fn must be a function fn(rank, world_size, ...), got {fn!r}")
+    if not (isinstance(timeout, (int, float)) and timeout > 0):
+        raise ValueError(f"run_on_ranks: timeout must be a number of seconds > 0, got {timeout!r}")
+    method = start_method or default_start_method()
+    ctx = mp.get_context(method)
+    folder = tempfile.mkdtemp(prefix="course_ranks_")
+    processes: list[Any] = []
+    try:
+        target: Any = fn
+        module_file = None
+        if method != "fork" and any(_in_main(o) for o in (fn, *args)):
+            module_file = _module_for([o for o in (fn, *args) if _in_main(o)], folder)
+            target = _FromSource(fn.__name__) if _in_main(fn) else fn
+            args = [_FromSource(a.__name__) if _in_main(a) else a for a in args]
+        for rank in range(world_size):
+            p = ctx.Process(target=_worker, name=f"rank{rank}", daemon=True,
+                            args=(target, rank, world_size, tuple(args), folder, timeout, threads,
+                                  module_file))
+            p.start()
+            processes.append(p)
+        deadline = time.monotonic() + timeout
+        while any(p.is_alive() for p in processes):
+            failed = [p for p in processes if p.exitcode not in (None, 0)]
+            if failed:
+                break  # the others would wait for the failed rank in a collective: stop them
+            if time.monotonic() > deadline:
+                waiting = [r for r, p in enumerate(processes) if p.is_alive()]
+                raise RanksTimedOut(
+                    f"rank(s) {waiting} of {world_size} did not finish within {timeout:g} s and were "
+                    "stopped. Does every rank call the same collectives (all_reduce, broadcast, ...) in "
+                    "the same order, and does every loop end?")
+            time.sleep(0.005)
+        results, errors = [], []
+        for rank, p in enumerate(processes):
+            out = os.path.join(folder, f"rank{rank}.pt")
+            record = torch.load(out, weights_only=False) if os.path.exists(out) else None
+            if record is not None and record["ok"] and p.exitcode in (None, 0):
+                results.append(record["result"])
+            elif record is not None and not record["ok"]:
+                errors.append((rank, record["error"], record["traceback"]))
+            elif p.exitcode not in (None, 0):
+                errors.append((rank, f"the process ended with exit code {p.exitcode}", ""))
+        if errors:
+            # A rank whose peer died reports a broken connection: name the rank that caused it first.
+            errors.sort(key=lambda e: (_peer_gone(e[1]), e[0]))
+            rank, error, text = errors[0]
+            if _peer_gone(error):
+                done = [r for r in range(world_size) if r not in {e[0] for e in errors}]
+                raise RankFailed(
+                    f"rank {rank} waited in a collective (all_reduce, broadcast, ...) that rank(s) "
+                    f"{done or 'the others'} never reached: they finished or stopped first. Every rank "
+                    "must call the same collectives in the same order.")
+            last = "\n".join(text.strip().splitlines()[-12:])
+            others = "".join(f"\nrank {r}: {e}" for r, e, _ in errors[1:] if not _peer_gone(e))
+            raise RankFailed(f"rank {rank} raised {error}{others}\n{last}".rstrip())
+        if len(results) != world_size:
+            raise RankFailed("a rank stopped without a result; the others were stopped")
+        return results
+    finally:
+        for p in processes:
+            if p.is_alive():
+                p.terminate()
+        for p in processes:
+            p.join(2.0)
+            if p.is_alive():
+                p.kill()
+                p.join(2.0)
+            p.close() if not p.is_alive() else None
+        shutil.rmtree(folder, ignore_errors=True)

@@ -1,0 +1,235 @@
+"""Lesson 14's engines proven equal to one process, the launcher's clean-up, and the torchrun command.
+
+Every process these tests start must have ended when they return: the launcher's ranks, torchrun and
+its workers. An autouse fixture checks that no child process and no listening socket of this process
+remain after each test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+import torch.distributed as dist
+
+from course_lib.launch import RankFailed, RanksTimedOut, run_on_ranks
+from course_lib.layers import FeedForward
+from course_lib.parallel import (
+    ParallelMLP, accumulate_gradients, ddp_bucket_timeline, fsdp_expected_bytes, random_batches,
+    tiny_gpt, train_one_process, train_replica,
+)
+from course_lib.gpt import lm_loss
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.long  # about 3 minutes on 2 busy cores: scheduled first
+
+
+def _listening(proc: psutil.Process) -> list:
+    return [c for c in proc.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
+
+
+@pytest.fixture(autouse=True)
+def nothing_left():
+    yield
+    me = psutil.Process()
+    assert me.children(recursive=True) == [], "a process started by the test is still running"
+    assert _listening(me) == [], "a port is still bound"
+
+
+# --- the launcher ------------------------------------------------------------------------------
+
+def _sum_ranks(rank, world_size, offset):
+    t = torch.tensor([float(rank + offset)])
+    dist.all_reduce(t)
+    return {"rank": rank, "sum": t.item(), "world": dist.get_world_size()}
+
+
+def test_run_on_ranks_returns_each_rank_result_in_order():
+    out = run_on_ranks(_sum_ranks, 3, (10,), timeout=60)
+    assert [r["rank"] for r in out] == [0, 1, 2]
+    assert all(r["sum"] == 33.0 and r["world"] == 3 for r in out)
+
+
+def _fails_on_1(rank, world_size):
+    if rank == 1:
+        raise ValueError("bad input on rank 1")
+    t = torch.zeros(1)
+    dist.all_reduce(t)  # rank 0 would wait here for ever without the launcher
+    return t
+
+
+def test_a_failing_rank_is_named_and_the_others_are_stopped():
+    with pytest.raises(RankFailed, match="rank 1 raised ValueError: bad input on rank 1"):
+        run_on_ranks(_fails_on_1, 2, timeout=60)
+
+
+def _spin(rank, world_size):
+    while True:
+        pass
+
+
+def test_a_hang_is_stopped_at_the_time_limit():
+    with pytest.raises(RanksTimedOut, match="did not finish within 2 s"):
+        run_on_ranks(_spin, 2, timeout=2)
+
+
+def _exits(rank, world_size):
+    if rank == 0:
+        os._exit(3)  # a crash without a Python error (a segfault, the OOM killer)
+    t = torch.zeros(1)
+    dist.all_reduce(t)
+    return t
+
+
+def test_a_rank_that_dies_does_not_hang_the_others():
+    with pytest.raises(RankFailed, match="exit code 3|never reached"):
+        run_on_ranks(_exits, 2, timeout=60)
+
+
+def test_bad_arguments_get_clear_errors():
+    with pytest.raises(ValueError, match="world_size must be an int >= 1"):
+        run_on_ranks(_sum_ranks, 0)
+    with pytest.raises(TypeError, match="must be a function"):
+        run_on_ranks(42, 2)
+
+
+def test_spawn_runs_a_function_defined_in_the_main_module(tmp_path):
+    """Where fork is not used (macOS, Windows), a notebook's function is written to a module."""
+    script = tmp_path / "main.py"
+    script.write_text(textwrap.dedent('''
+        import torch, torch.distributed as dist
+        from course_lib.launch import run_on_ranks
+
+        def doubled(rank, world_size, scale):
+            t = torch.tensor([float(rank + 1)])
+            dist.all_reduce(t)
+            return t.item() * scale
+
+        if __name__ == "__main__":
+            print(run_on_ranks(doubled, 2, (2.0,), timeout=120, start_method="spawn"))
+    '''))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                          cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[6.0, 6.0]"
+
+
+# --- each engine equals one process -------------------------------------------------------------
+
+def test_gradient_accumulation_equals_one_big_batch_and_the_mistake_is_k_times():
+    x, y = random_batches(1, 12)[0]
+    big = tiny_gpt(0)
+    lm_loss(big(x), y).backward()
+    for k in (1, 2, 3, 4):
+        model = tiny_gpt(0)
+        accumulate_gradients(model, lm_loss, x, y, k)
+        diff = max((p.grad - q.grad).abs().max().item() for p, q in zip(model.parameters(), big.parameters()))
+        assert diff <= 1e-12, (k, diff)
+    model = tiny_gpt(0)  # the mistake: each micro-batch's loss not divided by k
+    for xs, ys in zip(x.chunk(3), y.chunk(3)):
+        lm_loss(model(xs), ys).backward()
+    assert all(torch.allclose(p.grad, 3 * q.grad, atol=1e-12) for p, q in zip(model.parameters(), big.parameters()))
+    with pytest.raises(ValueError, match="dividing the batch size"):
+        accumulate_gradients(model, lm_loss, x, y, 5)
+
+
+@pytest.fixture(scope="module")
+def reference():
+    batches = random_batches(4, 8, seed=3)
+    return batches, train_one_process(batches)
+
+
+@pytest.mark.parametrize("engine", ["hand", "ddp", "zero1", "fsdp"])
+def test_engine_equals_one_process(engine, reference):
+    batches, ref = reference
+    results = run_on_ranks(train_replica, 2, (engine, batches), timeout=120)
+    for r in results:
+        grad_diff = max((r["grads"][n] - ref["grads"][n]).abs().max().item() for n in ref["grads"])
+        weight_diff = max((r["weights"][n] - ref["weights"][n]).abs().max().item() for n in ref["weights"])
+        assert grad_diff <= 1e-12, grad_diff  # float64: the averaged gradient is one process's
+        assert weight_diff <= 1e-12, weight_diff  # after 4 AdamW steps
+        assert max(abs(a - b) for a, b in zip(r["losses"], ref["losses"])) <= 1e-12
+    whole = ref["optimizer_bytes"]
+    numbers = sum(p.numel() for p in tiny_gpt(0).parameters())
+    assert whole == 2 * 8 * numbers  # two float64 moments per weight
+    for rank, r in enumerate(results):
+        if engine == "zero1":
+            assert r["bytes"]["optimizer"] == whole // 2  # 28,128 weights split evenly
+            assert r["bytes"]["parameters"] == 8 * numbers
+        elif engine == "fsdp":
+            assert r["bytes"] == fsdp_expected_bytes(tiny_gpt(0), rank, 2)
+            assert r["bytes"]["parameters"] < 8 * numbers * 0.51
+        else:
+            assert r["bytes"]["optimizer"] == whole
+
+
+def test_ddp_equals_the_hand_made_version():
+    batches = random_batches(3, 8, seed=4)
+    hand = run_on_ranks(train_replica, 2, ("hand", batches), timeout=120)
+    ddp = run_on_ranks(train_replica, 2, ("ddp", batches), timeout=120)
+    for h, d in zip(hand, ddp):
+        assert max((h["weights"][n] - d["weights"][n]).abs().max().item() for n in h["weights"]) <= 1e-12
+
+
+def test_ddp_sends_buckets_during_backward():
+    small = run_on_ranks(ddp_bucket_timeline, 2, (0.25,), timeout=120)[0]
+    large = run_on_ranks(ddp_bucket_timeline, 2, (25.0,), timeout=120)[0]
+    assert len(large["buckets"]) == 1 and len(small["buckets"]) >= 3
+    total = sum(p.numel() for p in tiny_gpt(0, d_model=128, max_len=64).parameters())
+    assert sum(n for _, n in small["buckets"]) == total == sum(n for _, n in large["buckets"])
+    first_sent, _ = small["buckets"][0]
+    assert first_sent < small["backward_ms"]  # the first bucket left while backward was running
+
+
+def _mlp_rank(rank, world_size, seed):
+    torch.manual_seed(seed)
+    dense = FeedForward(16, 24, dropout=0.0, activation="gelu").double()
+    x = torch.randn(3, 5, 16, dtype=torch.float64, requires_grad=True)
+    out = ParallelMLP(dense, rank, world_size)(x)
+    out.square().sum().backward()
+    return out.detach(), x.grad
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_megatron_mlp_equals_the_dense_feed_forward(world):
+    torch.manual_seed(7)
+    dense = FeedForward(16, 24, dropout=0.0, activation="gelu").double()
+    x = torch.randn(3, 5, 16, dtype=torch.float64, requires_grad=True)
+    expected = dense(x)
+    expected.square().sum().backward()
+    for out, grad in run_on_ranks(_mlp_rank, world, (7,), timeout=120):
+        assert (out - expected.detach()).abs().max() <= 1e-12
+        assert (grad - x.grad).abs().max() <= 1e-12
+
+
+# --- the torchrun command -----------------------------------------------------------------------
+
+def test_torchrun_on_two_processes_equals_one_process_and_ends_everything(tmp_path):
+    marker = uuid.uuid4().hex
+    common = ["-m", "course_lib.train_ddp", "--steps", "6", "--batch-size", "8", "--block-size", "32",
+              "--log-every", "5", "--threads", "1"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "COURSE_TEST_MARKER": marker}
+    one = subprocess.run([sys.executable, *common, "--out", str(tmp_path / "one.json")], env=env,
+                         capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert one.returncode == 0, one.stderr
+    torchrun = Path(sys.executable).with_name("torchrun")
+    two = subprocess.run([str(torchrun), "--standalone", "--nproc-per-node", "2", *common, "--out",
+                          str(tmp_path / "two.json")], env=env, capture_output=True, text=True,
+                         timeout=600, cwd=ROOT)
+    assert two.returncode == 0, two.stderr
+    assert "DDP: 2 process(es)" in two.stdout and "throughput:" in two.stdout
+    a = json.loads((tmp_path / "one.json").read_text())
+    b = json.loads((tmp_path / "two.json").read_text())
+    assert len(a["losses"]) == len(b["losses"]) == 6
+    assert max(abs(x - y) for x, y in zip(a["losses"], b["losses"])) <= 1e-4  # float32 rounding
+    left = [p for p in psutil.process_iter(["environ"])
+            if (p.info.get("environ") or {}).get("COURSE_TEST_MARKER") == marker]
+    assert left == [], f"torchrun left {left}"

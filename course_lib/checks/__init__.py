@@ -6,7 +6,7 @@ to fix it. An exercise you have not started (it raises ``NotImplementedError``) 
 
 One module per lesson: prerequisites (00), attention (01), multi_head (02), embeddings (03),
 encoder (04), decoder (05), training (06), inference (07), translation (08), gpt (09),
-tokenization (10), modern (11), inside (12), distributed (14).
+tokenization (10), modern (11), inside (12), scale (13), distributed (14).
 ``show_solution`` and ``predicted_answer`` (for the reveal cell after a "Predict, then run"
 exercise) come from ``course_lib.solutions``.
 """
@@ -23,6 +23,7 @@ from .inside import *  # noqa: F403
 from .modern import *  # noqa: F403
 from .multi_head import *  # noqa: F403
 from .prerequisites import *  # noqa: F403
+from .scale import *  # noqa: F403
 from .tokenization import *  # noqa: F403
 from .training import *  # noqa: F403
 from .translation import *  # noqa: F403

@@ -1197,3 +1197,77 @@ def test_new_stubs_print_a_reminder(check, name, capsys):
     stub.__name__ = name
     check(stub)
     assert "not implemented yet" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------------------------
+# issue 38, h11's learner tryout: the attempts that got a generic line, a raw error or a wrong name
+# ----------------------------------------------------------------------------------------------
+
+
+def _rope_unpacks_4_dims(x, positions, base=10000.0):
+    B, h, L, hd = x.shape  # only right when x has a heads dim
+    return _solution("11.apply_rope")["apply_rope"](x, positions, base)
+
+
+@pytest.mark.parametrize("fn, words", [
+    (_rope_table_variant(outer=False), "without an outer product"),  # again, as found
+    (lambda x, p, base=10000.0: _rope_transposed(x, p, base), r"the angle table transposed, \(head_dim/2, L\)"),
+    (_rope_unpacks_4_dims, "Only right for x with 4 dims"),
+])
+def test_apply_rope_tryout_mistakes_are_named(fn, words):
+    with pytest.raises(CheckFailure, match=words):
+        check_apply_rope(fn)
+
+
+def _rope_transposed(x, positions, base=10000.0):
+    hd = x.size(-1)
+    theta = 1.0 / base ** (torch.arange(0, hd, 2).float() / hd)
+    angles = (positions[None, :].float() * theta[:, None])  # (hd/2, L): the transpose
+    x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
+    return torch.cat([x1 * angles.cos() - x2 * angles.sin(), x1 * angles.sin() + x2 * angles.cos()], -1)
+
+
+def test_rope_layout_tryout_mistake_is_named():
+    def apply_rotary_fixed(x, cos, sin):  # the halves split, stacked back in pairs
+        half = x.size(-1) // 2
+        a, b = x[..., :half], x[..., half:]
+        return x * cos + torch.stack([-b, a], dim=-1).flatten(-2) * sin
+
+    with pytest.raises(CheckFailure, match="the turned numbers land in the wrong places"):
+        check_rope_layout(apply_rotary_fixed)
+
+
+def _decode_tryout(pos=None, sdpa_direct=False, scale=None, swap_cache=False):
+    ns = _decode_solution()
+    apply_rope, attend = ns["apply_rope"], ns["grouped_query_attention"]
+
+    def rope_decode_step(layer, x_t, t, cache):
+        kv = layer.num_kv_heads
+        q, k = layer.split_heads(layer.q_proj(x_t)), layer.split_heads(layer.k_proj(x_t), kv)
+        v = layer.split_heads(layer.v_proj(x_t), kv)
+        p = torch.tensor([pos(t) if pos else t])
+        q, k = apply_rope(q, p), apply_rope(k, p)
+        if cache is not None:
+            k, v = torch.cat([cache[0], k], 2), torch.cat([cache[1], v], 2)
+        if sdpa_direct:  # the KV heads never shared out among the query heads
+            heads = F.scaled_dot_product_attention(q, k, v)
+        elif scale:
+            g = layer.num_heads // kv
+            heads = F.scaled_dot_product_attention(q, k.repeat_interleave(g, 1),
+                                                   v.repeat_interleave(g, 1), scale=scale(layer))
+        else:
+            heads = attend(q, k, v)
+        return layer.out_proj(layer.merge_heads(heads)), ((v, k) if swap_cache else (k, v))
+
+    return rope_decode_step
+
+
+@pytest.mark.parametrize("fn, words", [
+    (_decode_tryout(pos=lambda t: max(t - 1, 0)), "turned at position t - 1"),
+    (_decode_tryout(sdpa_direct=True), "the query heads meet the KV heads unshared"),
+    (_decode_tryout(scale=lambda layer: (layer.num_heads * layer.head_dim) ** -0.5), r"sqrt\(d_model\)"),
+    (_decode_tryout(swap_cache=True), r"is \(v, k\)"),
+])
+def test_rope_decode_tryout_mistakes_are_named(fn, words):
+    with pytest.raises(CheckFailure, match=words):
+        check_rope_decode(fn)

@@ -263,6 +263,11 @@ _ROPE_MISTAKES = [
             "numbers within one head vector only",
             lambda x, c, s: x * c + torch.cat([-x.chunk(2, dim=1)[1], x.chunk(2, dim=1)[0]],
                                               dim=1) * s),
+    Mistake("the turned numbers land in the wrong places",
+            "your output's number i is built from x_i and a number that is not its partner: the "
+            "rotated part is laid out in another order than x (compare, for head_dim 8 at position "
+            "1, which input numbers each output number depends on)",
+            lambda x, c, s: x * c + torch.stack([-_halves(x)[1], _halves(x)[0]], -1).flatten(-2) * s),
     Mistake("every number only scaled",
             "each output number is its input number times cos: nothing of the partner number enters, "
             "and lengths shrink",
@@ -1096,11 +1101,13 @@ def _no_outer_probe(fn: Callable[..., Any], base: float) -> str:
         got = fn(x.clone(), positions.clone(), base)
     except Exception:
         return ""
-    mistake = next(m for m in _apply_rope_mistakes(base) if "outer product" in m.name)
-    if _close64(got, mistake.compute(x.double(), positions)):
-        return (f"Likely mistake: {mistake.name}. Your function raises a size error when L differs "
-                f"from head_dim/2, and with L = head_dim/2 = 6 it gives what positions * theta gives: "
-                f"{mistake.hint}.")
+    for mistake in _apply_rope_mistakes(base):
+        if "outer product" not in mistake.name and "transposed" not in mistake.name:
+            continue
+        if _close64(got, mistake.compute(x.double(), positions)):
+            return (f"Likely mistake: {mistake.name}. Your function raises a size error when L "
+                    f"differs from head_dim/2, and with L = head_dim/2 = 6 it gives what that "
+                    f"mistake gives: {mistake.hint}.")
     return ""
 
 
@@ -1170,6 +1177,11 @@ def _apply_rope_mistakes(base: float) -> list[Mistake]:
                 "when L = head_dim/2, and raises a size error otherwise): every row needs every "
                 "plane's angle, an (L, head_dim/2) table, positions[:, None] * theta[None, :]",
                 lambda x, p: _turn_halves(x, (p.double() * right(torch.ones(1), x.size(-1))[0]))),
+        Mistake("the angle table transposed, (head_dim/2, L)",
+                "positions[None, :] * theta[:, None] gives row i = plane i and column j = position "
+                "j, the transpose of what x needs (it runs when L = head_dim/2, and raises a size "
+                "error otherwise): the table is (L, head_dim/2), positions[:, None] * theta[None, :]",
+                lambda x, p: _turn_halves(x, right(p, x.size(-1)).T)),
         Mistake("only the first half is turned",
                 "a plane's rotation changes BOTH its numbers: (x1 cos - x2 sin, x1 sin + x2 cos)",
                 lambda x, p: torch.cat([_turn_halves(x, right(p, x.size(-1)))[..., : x.size(-1) // 2],
@@ -1211,10 +1223,17 @@ def _apply_rope_right_on(fn: Callable[..., Any], cases: list[int]) -> list[int]:
 
 
 def _one_head_dim_rope(fn: Callable[..., Any], n: int) -> str:
-    """A sentence if ``fn`` is right only for a head_dim other than case ``n``'s, else ''."""
-    hd = _APPLY_ROPE_CASES[n][1][-1]
-    others = [m for m in _apply_rope_right_on(fn, list(range(len(_APPLY_ROPE_CASES))))
-              if _APPLY_ROPE_CASES[m][1][-1] != hd]
+    """A sentence if ``fn`` is right only for x with another number of dims, or another head_dim,
+    than case ``n``'s; else ''."""
+    shape = _APPLY_ROPE_CASES[n][1]
+    hd = shape[-1]
+    right = _apply_rope_right_on(fn, list(range(len(_APPLY_ROPE_CASES))))
+    if right and all(len(_APPLY_ROPE_CASES[m][1]) != len(shape) for m in right):
+        dims = sorted({len(_APPLY_ROPE_CASES[m][1]) for m in right})
+        return (f"Only right for x with {' or '.join(map(str, dims))} dims: {_APPLY_ROPE_CASES[n][0]} "
+                f"has {len(shape)}. x is (..., L, head_dim), any number of leading dims: take the "
+                "sizes from the end, x.size(-1) and x.size(-2), not by unpacking x.shape.")
+    others = [m for m in right if _APPLY_ROPE_CASES[m][1][-1] != hd]
     if not others:
         return ""
     return (f"Only right for another head_dim ({_APPLY_ROPE_CASES[n][0]} has head_dim {hd}): take "
@@ -1315,7 +1334,7 @@ def _decode_step64(layer: MultiHeadAttention, x_t: torch.Tensor, t: int, cache: 
     q = _heads64(layer, "q_proj", x_t, h)  # (B, h, 1, hd)
     k = _heads64(layer, "k_proj", x_t, kv)  # (B, kv, 1, hd)
     v = _heads64(layer, "v_proj", x_t, kv)
-    pos = {"pos0": 0, "one_based": t + 1}.get(knob, t)
+    pos = {"pos0": 0, "one_based": t + 1, "minus_one": t - 1}.get(knob, t)
     if knob != "q_unturned":
         q = _turn_at(q, pos, base)
     k_raw = k
@@ -1344,7 +1363,8 @@ def _decode_step64(layer: MultiHeadAttention, x_t: torch.Tensor, t: int, cache: 
     else:
         index = torch.arange(h) % kv if knob == "modulo" else torch.arange(h) // (h // kv)
         keys, values = keys[:, index], values[:, index]
-        scale = 1.0 if knob == "no_scale" else 1 / math.sqrt(layer.head_dim)
+        scale = {"no_scale": 1.0, "scale_d_model": 1 / math.sqrt(h * layer.head_dim)}.get(
+            knob, 1 / math.sqrt(layer.head_dim))
         heads = (q @ keys.transpose(-2, -1) * scale).softmax(-1) @ values  # (B, h, 1, hd)
     merged = heads.transpose(1, 2).reshape(x_t.size(0), 1, h * layer.head_dim)  # (B, 1, d)
     out = merged if knob == "no_out_proj" else _lin64(layer.out_proj, merged)
@@ -1368,6 +1388,9 @@ _DECODE_MISTAKES = [
     ("turned_twice_all", "the cached keys are turned twice",
      "the keys in the cache you received are already turned, each by its own position; turning "
      "them again by 0..t doubles every key's angle"),
+    ("minus_one", "the new query and key turned at position t - 1",
+     "t - 1 is the position of the last cached token; the new token comes after the t cached ones "
+     "(positions 0..t-1), at position t"),
     ("pos0", "the new query and key turned at position 0",
      "your scores are those of a new query and key at position 0 (unturned) against cached keys at "
      "0..t-1 (the same scores come from turning every key once more by t). The new token sits at "
@@ -1394,6 +1417,8 @@ _DECODE_MISTAKES = [
      "query head i uses KV head i // (num_heads // num_kv_heads): repeat_interleave, not repeat"),
     ("no_scale", "no 1/sqrt(head_dim) scaling",
      "the scores are not divided by sqrt(head_dim)"),
+    ("scale_d_model", "the scores divided by sqrt(d_model), not sqrt(head_dim)",
+     "each head's scores are dot products of head_dim numbers: they are divided by sqrt(head_dim)"),
     ("no_out_proj", "layer.out_proj is not applied",
      "your output is the merged heads themselves: the layer's output goes through its output "
      "projection, layer.out_proj, after merging the heads"),
@@ -1431,7 +1456,10 @@ def _decode_layer(n: int) -> tuple[MultiHeadAttention, MultiHeadAttention, torch
 def _decode_cache_message(case: str, t: int, got: tuple, want_k: torch.Tensor, want_v: torch.Tensor,
                           layer: MultiHeadAttention, x_t: torch.Tensor) -> str:
     """What is wrong with the cache a step returns (its output was right)."""
-    k_new, v_new = got[0][:, :, -1:], got[1][:, :, -1:]
+    k_new = got[0][:, :, -1:]
+    if _close64(got[0], want_v) and _close64(got[1], want_k):
+        return (f"The cache you return after step t={t} ({case}) is (v, k): its first tensor holds "
+                "the values and its second the keys. The cache is (k, v), keys first, as received.")
     if not _close64(got[0][:, :, :-1], want_k[:, :, :-1]) or not _close64(got[1][:, :, :-1],
                                                                           want_v[:, :, :-1]):
         return (f"The cache you return after step t={t} ({case}) changes the positions it received: "
@@ -1483,9 +1511,19 @@ def check_rope_decode(fn: Callable[..., Any]) -> None:
             x_t = x[:, t : t + 1].clone()
             given = None if cache is None else tuple(c.clone() for c in cache)
             with calls_to(refused) as seen, torch.no_grad():
-                result = _call(fn, layer, x_t, t, cache, case=f"{case}, step t={t}",
-                               hint="Arguments: layer, x_t (B, 1, d_model), t (int), cache ((k, v) or "
-                                    "None at t = 0); return (out (B, 1, d_model), (k, v)).")
+                try:
+                    result = _call(fn, layer, x_t, t, cache, case=f"{case}, step t={t}",
+                                   hint="Arguments: layer, x_t (B, 1, d_model), t (int), cache ((k, v) "
+                                        "or None at t = 0); return (out (B, 1, d_model), (k, v)).")
+                except CheckFailure as failure:
+                    if h != kv and f"({h})" in str(failure) and f"({kv})" in str(failure):
+                        raise CheckFailure(
+                            f"Likely mistake ({case}, step t={t}): the query heads meet the KV heads "
+                            f"unshared. {str(failure).split('. Arguments')[0]}: the query has {h} "
+                            f"heads and the cache {kv} KV heads; each KV head serves its group of "
+                            f"{h // kv} query heads (attend, your grouped-query attention, does "
+                            "that).") from failure
+                    raise
             if seen:
                 raise CheckFailure("Your step calls a library's rotary attention (course_lib's "
                                    "RotaryEmbedding or MultiHeadAttention's forward, project_kv or "

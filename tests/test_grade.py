@@ -1,31 +1,36 @@
 """The grader on a generated class (tests/grade_class.py): every row of grades.csv, the report, feedback.
 
-32 submissions of lessons 00, 01 and 02 are graded in one call of ``python -m course_lib.grade`` with
-two workers, and an endless loop in a second call with a 5 s cell limit, started at the same time: it
-spends most of its time running into its limit (the module alone took 172 s one after the other,
-137 s side by side, on different days, with a 10 s limit). Both run once per session.
+The class (lessons 00, 01 and 02, mostly 00, the shortest to run) is graded in one call of
+``python -m course_lib.grade`` with two workers and the sandbox where bwrap works (``auto``); an
+endless loop in a second call with a 5 s cell limit, started at the same time; then the process
+and sabotage cases again with ``--sandbox none``. Each call gets a TMPDIR of its own, which must be
+empty afterwards; after them no process of the class (its marked sleeps, its kernels) is left.
+The re-check itself is tested in this process on every lesson's solutions (lesson 12 with the
+lesson's trained model): a correct answer gets 1 from every checker through it.
 
 Not marked ``long`` (conftest.py starts those first): with two grading workers of its own it fills
-both cores when it runs last, after the other worker's lessons. Started first, it ran beside lessons
-12 and 11 as three processes on two cores (once measured: 204 s instead of 172, and those lessons
-20-65% slower).
+both cores when it runs last, after the other worker's lessons.
 """
 
 from __future__ import annotations
 
 import csv
 import hashlib
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from grade_class import GRADIENT_MISTAKES, build, write
+from grade_class import GRADIENT_MISTAKES, MARK, build, build_plain, build_sandboxed, write
 
+from course_lib.grade import _sandbox
 from course_lib.grading.lessons import read_lessons
 from course_lib.grading.report import mistake_of
 
 ROOT = Path(__file__).resolve().parent.parent
+SANDBOX = _sandbox("auto")[0] == "bwrap"
 
 
 def _digest(folder: Path, pattern: str = "*") -> str:
@@ -36,41 +41,69 @@ def _digest(folder: Path, pattern: str = "*") -> str:
     return h.hexdigest()
 
 
-def _start_grading(out: Path, folder: Path, *options: str) -> subprocess.Popen:
+def _start_grading(out: Path, folder: Path, tmp: Path, *options: str) -> subprocess.Popen:
+    tmp.mkdir()
     return subprocess.Popen([sys.executable, "-m", "course_lib.grade", "--out", str(out), *options, str(folder)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                            env=dict(os.environ, TMPDIR=str(tmp)))
 
 
 def _finish_grading(process: subprocess.Popen) -> str:
     try:
-        stdout, stderr = process.communicate(timeout=1500)
+        stdout, stderr = process.communicate(timeout=1500)  # returns only once nothing holds its output
     except subprocess.TimeoutExpired:
         process.kill()
         stdout, stderr = process.communicate()
         raise AssertionError(f"the grader ran over 1,500 s\n{stdout}{stderr}") from None
     assert process.returncode == 0, stdout + stderr
-    return stdout
+    return stdout + stderr
+
+
+def _left_behind(tmp: Path) -> list[str]:
+    """Command lines of living processes that the class started: its marked sleeps, and kernels or
+    sandboxes whose command line names a scratch folder under the test's folder."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+                state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                continue
+            if state != "Z" and (f"sleep {MARK}." in cmdline or str(tmp) in cmdline):
+                found.append(cmdline)
+    return found
 
 
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("grade")
     main_class, slow = build()
+    if SANDBOX:
+        main_class += build_sandboxed()
+    plain = build_plain()
     write(main_class, tmp / "class")
     write(slow, tmp / "slow")
+    write(plain, tmp / "plain")
     before = (_digest(tmp / "class"), _digest(ROOT / "notebooks", "0[0-2]_*.ipynb"))  # the class's lessons
     # The endless loop burns a core for its 5 s limit, twice (its cell, then the re-check); it runs
     # beside the class's call, not after it. Lesson 00's slowest cell takes under 1 s.
-    slow_call = _start_grading(tmp / "out_slow", tmp / "slow", "--timeout", "5")
+    slow_call = _start_grading(tmp / "out_slow", tmp / "slow", tmp / "tmp_slow", "--timeout", "5")
     try:
-        log = _finish_grading(_start_grading(tmp / "out", tmp / "class", "--workers", "2", "--timeout", "120"))
+        log = _finish_grading(_start_grading(tmp / "out", tmp / "class", tmp / "tmp_class",
+                                             "--workers", "2", "--timeout", "120"))
+        plain_log = _finish_grading(_start_grading(tmp / "out_plain", tmp / "plain", tmp / "tmp_plain",
+                                                   "--workers", "2", "--timeout", "120", "--sandbox", "none"))
     except BaseException:
         slow_call.kill()  # no grader left running behind a failed test
         slow_call.communicate()
         raise
     _finish_grading(slow_call)
     after = (_digest(tmp / "class"), _digest(ROOT / "notebooks", "0[0-2]_*.ipynb"))  # the class's lessons
-    return {"tmp": tmp, "class": main_class, "slow": slow, "before": before, "after": after, "log": log}
+    left = _left_behind(tmp)
+    tmp_files = [str(p) for d in ("tmp_slow", "tmp_class", "tmp_plain") for p in (tmp / d).rglob("*")]
+    return {"tmp": tmp, "class": main_class, "slow": slow, "plain": plain, "before": before, "after": after,
+            "log": log, "plain_log": plain_log, "left": left, "tmp_files": tmp_files}
 
 
 def _rows(path: Path) -> tuple[list[str], dict[str, dict[str, str]]]:
@@ -85,13 +118,15 @@ def test_the_class_is_big_enough():
     assert {s.lesson for s in main_class} >= {"00", "01", "02"}
 
 
-def test_every_row_of_grades_csv(graded):
-    header, rows = _rows(graded["tmp"] / "out" / "grades.csv")
+@pytest.mark.parametrize("which", ["class", "plain"])
+def test_every_row_of_grades_csv(graded, which):
+    header, rows = _rows(graded["tmp"] / {"class": "out", "plain": "out_plain"}[which] / "grades.csv")
     lessons = read_lessons()
-    keys = lessons["00"].keys + lessons["01"].keys + lessons["02"].keys
+    keys = [k for lid in ("00", "01", "02") if any(s.lesson == lid for s in graded[which])
+            for k in lessons[lid].keys]
     assert header == ["student", "lesson", *keys, "total", "status"]
-    assert sorted(rows) == sorted(s.student for s in graded["class"])
-    for sub in graded["class"]:
+    assert sorted(rows) == sorted(s.student for s in graded[which])
+    for sub in graded[which]:
         row = rows[sub.student]
         expected = {k: "" for k in keys} | {k: str(v) for k, v in sub.marks.items()}
         got = {k: row[k] for k in keys}
@@ -114,6 +149,23 @@ def test_one_csv_per_lesson_holds_only_that_lessons_columns(graded):
 
 def test_the_submissions_and_the_lessons_are_untouched(graded):
     assert graded["before"] == graded["after"]
+    assert not (graded["tmp"] / "class" / "added.ipynb").exists()
+
+
+def test_no_process_kernel_or_temporary_file_is_left(graded):
+    assert graded["left"] == []
+    assert graded["tmp_files"] == []
+
+
+def test_the_first_line_says_whether_kernels_are_sandboxed(graded):
+    assert graded["log"].startswith("grade: sandbox bwrap" if SANDBOX else "grade: NO SANDBOX")
+    assert graded["plain_log"].startswith("grade: NO SANDBOX (--sandbox none)")
+    report = (graded["tmp"] / "out_plain" / "report.html").read_text(encoding="utf-8")
+    assert "NO SANDBOX" in report
+    assert "Kernel is running over TCP" not in graded["log"] + graded["plain_log"]
+    assert "Task exception" not in graded["log"] + graded["plain_log"]
+    assert f"[{len(graded['class'])}/{len(graded['class'])}]" in graded["log"]
+    assert "s left]" in graded["log"]
 
 
 def test_report_ranks_the_named_mistakes_and_lists_peeks_and_problems(graded):
@@ -127,13 +179,21 @@ def test_report_ranks_the_named_mistakes_and_lists_peeks_and_problems(graded):
         if sub.status != "graded":
             assert f"<td>{sub.student}</td>" in report and sub.status in report
     # fakes are named: the checker's own message, or the grader's
-    assert "calls course_lib&#x27;s solutions" in report
+    assert "runs course_lib&#x27;s solutions" in report
     assert "while it was being checked" in report
+    assert "is not code from your notebook&#x27;s cells" in report
+    assert "A thread your notebook started earlier" in report
+    assert "its name is defined after its check cell" in report
 
 
-def test_mistake_names_come_from_the_checkers_messages():
-    assert mistake_of("Likely mistake (3-D input): softmax over the wrong axis (dim=-2). Use dim=-1.") == (
-        "softmax over the wrong axis (dim=-2)", "Use dim=-1.")
+def test_mistakes_are_grouped_by_the_checkers_identity_not_its_prose():
+    named = {"outcome": "failed", "message": "Likely mistake (3-D input): softmax over the wrong axis "
+             "(dim=-2). Use dim=-1.", "mistake": "softmax over the wrong axis (dim=-2)", "site": "a.py:f:3"}
+    other_case = dict(named, message="Likely mistake (4-D input): softmax over the wrong axis (dim=-2). x")
+    assert mistake_of(named) == mistake_of(other_case) == (named["mistake"], named["mistake"])
+    unnamed = {"outcome": "failed", "message": "Counts differ:\n  the: 3\n  a: 2", "mistake": "",
+               "site": "tokenization.py:check_token_counts:88"}
+    assert mistake_of(unnamed) == ("tokenization.py:check_token_counts:88", "Counts differ:")
 
 
 def test_feedback_says_passed_message_or_not_attempted(graded):
@@ -144,3 +204,79 @@ def test_feedback_says_passed_message_or_not_attempted(graded):
     assert "are the values x_i ** 2, not their slopes" in page
     page = (graded["tmp"] / "out" / "feedback" / "os_exit.html").read_text(encoding="utf-8")
     assert "kernel died" in page
+    assert "<div class='msg'>" in page  # messages keep their line breaks (white-space: pre-wrap)
+
+
+# ----------------------------------------------------------------------------------------------
+# The re-check itself, in this process, on every lesson's solutions
+# ----------------------------------------------------------------------------------------------
+
+# 00, 01 and 08 check objects the notebook builds (f, TwoLayer, query, a trained translator): the
+# class's submissions take 00 and 01 through the kernel's re-check; 08's two are not covered here.
+IN_PROCESS = ["02", "03", "04", "05", "06", "07", "09", "10", "11", "12"]
+
+
+@pytest.fixture
+def checkers_put_back():
+    """The re-check re-imports course_lib.checks; put this process's modules back after it."""
+    import signal
+
+    import course_lib.checks  # noqa: F401
+
+    saved = {n: m for n, m in sys.modules.items() if n.startswith("course_lib.checks")}
+    handler = signal.getsignal(signal.SIGALRM)
+    try:
+        yield
+    finally:
+        for name in [n for n in sys.modules if n.startswith("course_lib.checks")]:
+            del sys.modules[name]
+        sys.modules.update(saved)
+        import course_lib
+
+        course_lib.checks = saved["course_lib.checks"]
+        signal.signal(signal.SIGALRM, handler)
+
+
+def _learner_namespace(lesson_id: str, keys: list[str]) -> tuple[dict, list[str]]:
+    """A namespace as the notebook leaves it: the names the lesson's solutions file imports, then
+    every solution block run as a cell (compiled from its text, as the kernel compiles a cell)."""
+    import importlib
+    import inspect
+
+    from course_lib.solutions import solution_source
+
+    module = importlib.import_module(f"course_lib.solutions.lesson{lesson_id}")
+    namespace = {k: v for k, v in vars(module).items()
+                 if not k.startswith("__") and (inspect.ismodule(v) or getattr(v, "__module__", None)
+                                                != module.__name__)}
+    cells = [solution_source(key) for key in keys]
+    for cell in cells:
+        exec(compile(cell, "<cell>", "exec"), namespace)  # noqa: S102 (our own solutions)
+    return namespace, cells
+
+
+@pytest.mark.parametrize("lesson_id", IN_PROCESS)
+def test_every_checker_passes_a_correct_answer_through_the_recheck(lesson_id, checkers_put_back):
+    from course_lib.grading import kernel_side
+
+    grader: dict = {"__name__": "grader"}
+    exec(Path(kernel_side.__file__).read_text(encoding="utf-8"), grader)  # noqa: S102 (as the grader sends it)
+    restore = grader["snapshot"]()
+    lesson = read_lessons()[lesson_id]
+    user_ns, cells = _learner_namespace(lesson_id, lesson.keys)
+    if lesson_id == "11":  # the notebook's names for the learner's own passed functions
+        user_ns["rope_at"], user_ns["attend"] = user_ns["apply_rope"], user_ns["grouped_query_attention"]
+    if lesson_id == "12":  # the lesson's trained model and its [r, r] batch, as the notebook builds them
+        import torch
+
+        from course_lib.induction import load_checkpoint, repeated_tokens
+
+        user_ns["model"] = load_checkpoint()[0]
+        user_ns["ids"] = repeated_tokens(8, 20, 64, torch.Generator().manual_seed(0))
+    spec = [{"key": e.key, "name": e.name, "checker": e.checker, "args": e.args} for e in lesson.exercises]
+    published: list[str] = []
+    results = grader["recheck"](spec, 10_000, 300.0, restore, "nonce", str(ROOT / "course_lib" / "solutions"),
+                                cells, user_ns=user_ns, publish=published.append)
+    failing = {k: r["message"][:400] for k, r in results["exercises"].items() if r["outcome"] != "passed"}
+    assert not failing and list(results["exercises"]) == lesson.keys, failing
+    assert len(published) == len(spec)

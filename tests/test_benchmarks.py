@@ -66,3 +66,14 @@ def test_modern_benchmark_cache_bytes_equal_the_formula_and_attention_paths_agre
                                           num_kv_heads=2)
     ms = modern.attention_ms(calls, x, rounds=1, repeats=1)  # asserts the three outputs are equal
     assert set(ms) == {"course_lib fused", "PyTorch", "course_lib readable"}
+
+
+def test_flash_benchmark_measures_in_a_fresh_process_and_the_pages_save():
+    flash = load("flash")
+    measure = flash._measurements()
+    run = measure.run_fresh("tiled", 512)  # a new process: its peak is its own
+    assert run["version"] == "tiled" and run["L"] == 512 and run["peak_bytes"] >= 0
+    assert run["forward_s"] > 0 and run["backward_s"] > 0
+    reserved, held, written = flash.paged_saving([6, 40, 13], block_size=8)  # asserts the tokens
+    assert written < held < reserved
+    assert held == (1 + 5 + 2) * 2 * 2 * 2 * 16 * 8 * 4  # blocks of 8: 1 + 5 + 2 of them

@@ -1271,3 +1271,68 @@ def _decode_tryout(pos=None, sdpa_direct=False, scale=None, swap_cache=False):
 def test_rope_decode_tryout_mistakes_are_named(fn, words):
     with pytest.raises(CheckFailure, match=words):
         check_rope_decode(fn)
+
+
+@pytest.mark.parametrize("formula, words", [
+    (lambda x, w, e: x / torch.sqrt(torch.mean(x * x, dim=-1, keepdim=True)) * w + e, "eps added to the output"),
+    (lambda x, w, e: w * x / (x.abs().mean(-1, keepdim=True) + e), "mean absolute value"),
+])
+def test_rmsnorm_tryout_mistakes_are_named(formula, words):
+    with pytest.raises(CheckFailure, match=words):
+        check_rmsnorm(_rmsnorm(formula))
+
+
+@pytest.mark.parametrize("turn, theta, words", [
+    (None, lambda hd, b: b ** (-2 * torch.arange(1, hd // 2 + 1).float() / hd), "counted from i = 1"),
+    (lambda x1, x2, c, s: torch.cat([x1 * c - x2 * s] * 2, -1), None, "the first half's formula"),
+])
+def test_apply_rope_second_tryout_mistakes_are_named(turn, theta, words):
+    def apply_rope(x, positions, base=10000.0):
+        hd = x.size(-1)
+        th = theta(hd, base) if theta else base ** (-torch.arange(0, hd, 2).float() / hd)
+        a = torch.outer(positions.float(), th)
+        x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
+        if turn:
+            return turn(x1, x2, a.cos(), a.sin())
+        return torch.cat([x1 * a.cos() - x2 * a.sin(), x1 * a.sin() + x2 * a.cos()], -1)
+
+    with pytest.raises(CheckFailure, match=words):
+        check_apply_rope(apply_rope)
+
+
+def test_rope_layout_halves_joined_along_another_dim_is_named():
+    def apply_rotary_fixed(x, cos, sin):
+        half = x.size(-1) // 2
+        return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-2) * sin
+
+    with pytest.raises(CheckFailure, match="joined along another dim than the last") as failure:
+        check_rope_layout(apply_rotary_fixed)
+    assert "x[..., :" not in str(failure.value)  # the shapes observed, not the fix
+
+
+def _decode_shapes(variant):
+    ns = _decode_solution()
+    apply_rope, attend = ns["apply_rope"], ns["grouped_query_attention"]
+
+    def rope_decode_step(layer, x_t, t, cache):
+        kv = layer.num_kv_heads
+        q = layer.split_heads(layer.q_proj(x_t))
+        k = layer.split_heads(layer.k_proj(x_t), None if variant == "split" else kv)
+        v = layer.split_heads(layer.v_proj(x_t), kv)
+        p = torch.tensor([t])
+        q, k = apply_rope(q, p), apply_rope(k, p)
+        if cache is not None:
+            k, v = torch.cat([cache[0], k], 2), torch.cat([cache[1], v], 2)
+        mask = torch.ones(t + 1, t + 1, dtype=torch.bool).tril() if variant == "full_mask" else None
+        out = layer.out_proj(layer.merge_heads(attend(q, k, v, mask)))
+        return out, (k, v)
+
+    return rope_decode_step
+
+
+@pytest.mark.parametrize("variant, words", [
+    ("split", "split into num_heads = 6 heads"), ("full_mask", r"a \(t \+ 1, t \+ 1\) mask broadcasts"),
+])
+def test_rope_decode_second_tryout_mistakes_are_named(variant, words):
+    with pytest.raises(CheckFailure, match=words):
+        check_rope_decode(_decode_shapes(variant))

@@ -427,10 +427,15 @@ def _check_rope_layout(fn: Callable[..., Any]) -> None:
             if hard_coded:
                 raise CheckFailure(hard_coded) from error
         if error is not None:
+            if f"({hd // 2})" in str(error) and f"({hd})" in str(error):
+                raise CheckFailure(
+                    f"Likely mistake ({case}): a tensor of head_dim/2 = {hd // 2} numbers per vector "
+                    f"meets one of head_dim = {hd}: {type(error).__name__}: {error}. Two parts of "
+                    "head_dim/2 numbers joined along another dim than the last still have "
+                    "head_dim/2 numbers in the last dim.") from error
             raise CheckFailure(
                 f"Your code raised {type(error).__name__} ({case}): {error}. x is (B, h, L, head_dim) "
-                "and cos, sin are (L, head_dim): the two halves of x's last dim are "
-                "x[..., :head_dim//2] and x[..., head_dim//2:]."
+                "and cos, sin are (L, head_dim): print the shape of each tensor your function builds."
             ) from error
         expect_shape(got, (B, h, L, hd), f"the turned x ({case})",
                      "RoPE turns x without changing its shape: (B, h, L, head_dim) in and out.")
@@ -799,6 +804,15 @@ def _rms_mistakes(eps: float) -> list[Mistake]:
                 "x.pow(2).mean() without a dim averages every number of the batch: take the mean "
                 "over the last dim, mean(-1, keepdim=True), one per vector",
                 lambda x, w: x * torch.rsqrt(x.pow(2).mean() + eps) * w),
+        Mistake("eps added to the output, not under the root",
+                "x / sqrt(mean(x**2)) * weight + eps adds eps to every output number; eps belongs "
+                "under the square root, x / sqrt(mean(x**2) + eps), where it keeps a zero vector "
+                "from dividing by 0",
+                lambda x, w: x / x.pow(2).mean(-1, keepdim=True).sqrt() * w + eps),
+        Mistake("the mean absolute value instead of the root mean square",
+                "mean(|x|) is not the root mean square: square, take the mean, then the root, "
+                "sqrt(mean(x**2) + eps)",
+                lambda x, w: x / (x.abs().mean(-1, keepdim=True) + eps) * w),
         Mistake("the mean square without keepdim",
                 "x.pow(2).mean(-1) drops the last dim: its (...,) numbers then line up with x's "
                 "LAST dim, not with its vectors (with other sizes it raises a size error). Keep the "
@@ -1177,6 +1191,16 @@ def _apply_rope_mistakes(base: float) -> list[Mistake]:
                 "when L = head_dim/2, and raises a size error otherwise): every row needs every "
                 "plane's angle, an (L, head_dim/2) table, positions[:, None] * theta[None, :]",
                 lambda x, p: _turn_halves(x, (p.double() * right(torch.ones(1), x.size(-1))[0]))),
+        Mistake("frequencies counted from i = 1",
+                "theta_i = base ** (-2 i / head_dim) for i = 0 .. head_dim/2 - 1: the first plane "
+                "turns by 1 radian per position (theta_0 = 1); from i = 1 every plane turns as the "
+                "next one should",
+                lambda x, p: _turn_halves(x, right(p, x.size(-1)) * base ** (-2 / x.size(-1)))),
+        Mistake("the second half gets the first half's formula",
+                "a plane (u, v) turned by a is (u cos a - v sin a, u sin a + v cos a): the second "
+                "number has its own formula",
+                lambda x, p: (lambda y: torch.cat([y[..., : x.size(-1) // 2]] * 2, -1))(
+                    _turn_halves(x, right(p, x.size(-1))))),
         Mistake("the angle table transposed, (head_dim/2, L)",
                 "positions[None, :] * theta[:, None] gives row i = plane i and column j = position "
                 "j, the transpose of what x needs (it runs when L = head_dim/2, and raises a size "
@@ -1516,6 +1540,15 @@ def check_rope_decode(fn: Callable[..., Any]) -> None:
                                    hint="Arguments: layer, x_t (B, 1, d_model), t (int), cache ((k, v) "
                                         "or None at t = 0); return (out (B, 1, d_model), (k, v)).")
                 except CheckFailure as failure:
+                    hd = d // h
+                    if h != kv and f"[{B}, 1, {h}, {hd}]" in str(failure) and f"{B * kv * hd}" in str(
+                            failure):
+                        raise CheckFailure(
+                            f"Likely mistake ({case}, step t={t}): the new key or value split into "
+                            f"num_heads = {h} heads. {str(failure).split('. Arguments')[0]}: k_proj "
+                            f"and v_proj give num_kv_heads * head_dim = {kv * hd} numbers per "
+                            f"token, {kv} heads of {hd} (split_heads(..., num_heads) takes the "
+                            "number of heads).") from failure
                     if h != kv and f"({h})" in str(failure) and f"({kv})" in str(failure):
                         raise CheckFailure(
                             f"Likely mistake ({case}, step t={t}): the query heads meet the KV heads "
@@ -1551,6 +1584,12 @@ def check_rope_decode(fn: Callable[..., Any]) -> None:
                         f"expected {shape}: (B, num_kv_heads, positions so far, head_dim), the "
                         "received positions and one new one. Keep num_kv_heads heads in the cache: "
                         "the query heads share them.")
+            if isinstance(out, torch.Tensor) and tuple(out.shape) == (B, t + 1, d) and t > 0:
+                raise CheckFailure(
+                    f"out has shape {tuple(out.shape)} at step t={t} ({case}): one row for each "
+                    "position 0..t, where a step outputs the newest token's row only, (B, 1, "
+                    "d_model). With one query row, a (t + 1, t + 1) mask broadcasts the scores to "
+                    "t + 1 rows.")
             expect_shape(out, (B, 1, d), f"out ({case}, t={t})",
                          "out is the layer's output for the new position: (B, 1, d_model).")
             right_out, want_k, want_v = _decode_step64(layer, x_t, t, want, DECODE_BASE)

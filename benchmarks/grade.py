@@ -7,7 +7,8 @@ The class: N copies of one lesson's notebook with every stub replaced by its sol
 in each, so a sample of single runs stands for all of them). With the grader's settings for W workers
 (each kernel gets cores / W threads):
 - a plain run: the notebook executed by nbclient in a fresh kernel, in a scratch folder, nothing else;
-- a single graded run: ``grade_submission`` on one notebook (limits, the re-check, peek detection);
+- a single graded run: ``grade_submission`` on one notebook (limits, the sandbox where bwrap works,
+  the re-check, peek detection);
 - the batch: ``python -m course_lib.grade``'s ``grade_all`` on all N with W workers.
 Efficiency = (N x mean single graded run) / (W x batch wall time); target >= 0.80.
 Overhead = mean single graded run / mean plain run; target <= 1.10.
@@ -26,7 +27,7 @@ from pathlib import Path
 import nbformat
 from nbclient import NotebookClient
 
-from course_lib.grade import _cores, grade_all
+from course_lib.grade import _cores, _sandbox, grade_all
 from course_lib.grading.lessons import read_lessons
 from course_lib.grading.runner import Settings, configure_worker, grade_submission
 from course_lib.solutions import solution_source
@@ -65,12 +66,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n", type=int, default=30, help="submissions in the class")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--singles", type=int, default=5, help="single runs of each kind to average")
+    parser.add_argument("--sandbox", choices=["auto", "bwrap", "none"], default="auto")
     args = parser.parse_args(argv)
+    mode, line = _sandbox(args.sandbox)
+    print(line)
     folder = Path(tempfile.mkdtemp(prefix="grade-bench-"))
     try:
         paths = make_class(args.lesson, args.n, folder)
         settings = Settings(cell_timeout=1800, notebook_timeout=7200, memory_bytes=8 * 2**30,
-                            threads=max(1, _cores() // args.workers))
+                            threads=max(1, _cores() // args.workers), sandbox=mode,
+                            scratch_root=str(folder), seed=0)
         configure_worker(settings.threads)
         plain, single = [], []
         for i in range(args.singles):  # alternate, so that a change of load hits both alike
@@ -88,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     overhead = statistics.mean(single) / statistics.mean(plain)
     print(f"single runs: plain {statistics.mean(plain):.1f} s, graded {statistics.mean(single):.1f} s "
           f"(means of {args.singles}; {settings.threads} thread(s) per kernel)")
-    print(f"grade: {args.n} submissions of lesson {args.lesson} in {wall:.0f} s on {args.workers} workers "
+    print(f"grade: {args.n} submissions of lesson {args.lesson} in {wall:.0f} s on {args.workers} workers, "
+          f"sandbox {mode} "
           f"(efficiency {efficiency:.2f}; overhead {overhead:.2f}x a plain run)")
     ok = efficiency >= 0.80 and overhead <= 1.10
     print("targets (efficiency >= 0.80, overhead <= 1.10x):", "met" if ok else "NOT met")

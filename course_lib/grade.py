@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -145,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     os.chmod(scratch_root, 0o700)
     settings = Settings(cell_timeout=args.timeout, notebook_timeout=args.notebook_timeout,
                         memory_bytes=memory, threads=max(1, _cores() // workers), sandbox=mode,
-                        scratch_root=scratch_root, hidden=hidden)
+                        scratch_root=scratch_root, hidden=hidden,
+                        seed=secrets.randbits(30))  # the re-check's seeds: one fresh draw per batch
     start = time.monotonic()
     try:
         rows = grade_all(paths, settings, workers, contents)

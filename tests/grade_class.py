@@ -279,8 +279,9 @@ def predicted_broadcast_shape():
 for path in glob.glob("/tmp/**/*.ipynb", recursive=True):  # another learner's scratch copy
     try:
         for cell in json.load(open(path))["cells"]:
-            if "def predicted_broadcast_shape" in "".join(cell["source"]) and "NotImplemented" not in "".join(cell["source"]):
-                exec("".join(cell["source"]))
+            text = "".join(cell["source"])
+            if "def predicted_broadcast_shape" in text and "NotImplemented" not in text:
+                exec(text)
     except Exception:
         pass
 """

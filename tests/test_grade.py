@@ -280,3 +280,41 @@ def test_every_checker_passes_a_correct_answer_through_the_recheck(lesson_id, ch
     failing = {k: r["message"][:400] for k, r in results["exercises"].items() if r["outcome"] != "passed"}
     assert not failing and list(results["exercises"]) == lesson.keys, failing
     assert len(published) == len(spec)
+
+
+def test_answers_recorded_while_the_notebook_ran_are_not_replayed(checkers_put_back, capsys):
+    """(e) of issue 40: a function that returns the outputs recorded for the notebook's own inputs
+    passes the notebook's check, and fails the re-check, whose inputs come from other seeds."""
+    import torch
+
+    from course_lib.checks import check_split_heads
+    from course_lib.grading import kernel_side
+
+    solution, _ = _learner_namespace("02", ["02.split_heads"])
+    recorded: list[tuple[tuple, torch.Tensor]] = []
+
+    def recording(*args):
+        out = solution["split_heads"](*args)
+        recorded.append((args, out))
+        return out
+
+    check_split_heads(recording)  # what the notebook's run shows: every input with its output
+
+    def split_heads(*args):  # the replay: no computing, a look-up of what was recorded
+        for seen, out in recorded:
+            if len(seen) == len(args) and all(torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
+                                              for a, b in zip(seen, args)):
+                return out.clone()
+        raise ValueError("not recorded")
+
+    check_split_heads(split_heads)
+    assert "check_split_heads: " in capsys.readouterr().out  # the replay passes the notebook's check
+    grader: dict = {"__name__": "grader"}
+    exec(Path(kernel_side.__file__).read_text(encoding="utf-8"), grader)  # noqa: S102 (as the grader sends it)
+    restore = grader["snapshot"]()
+    spec = [{"key": "02.split_heads", "name": "split_heads", "checker": "check_split_heads", "args": []}]
+    results = grader["recheck"](spec, 10_000, 60.0, restore, "nonce", str(ROOT / "course_lib" / "solutions"),
+                                [Path(__file__).read_text(encoding="utf-8")], user_ns={"split_heads": split_heads},
+                                publish=lambda payload: None)
+    result = results["exercises"]["02.split_heads"]
+    assert result["outcome"] == "failed" and "not recorded" in result["message"], result  # the checker's verdict

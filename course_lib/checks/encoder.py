@@ -443,7 +443,7 @@ def _check_dropout_places(cls: type, gen: torch.Generator) -> None:
         if not torch.allclose(got, expected, atol=1e-5, rtol=1e-4):
             for mistake in mistakes:
                 if torch.allclose(got, mistake.compute(x), atol=1e-5, rtol=1e-4):
-                    raise CheckFailure(f"Likely mistake ({case}): {mistake.name}. {mistake.hint}")
+                    raise CheckFailure(f"Likely mistake ({case}): {mistake.name}. {mistake.hint}", mistake=mistake.name)
             raise CheckFailure(
                 f"Dropout in the wrong place ({case}): with p = 1 every dropout zeroes its input, "
                 "so the paper's layer returns exactly norm2(norm1(x)) (both sublayer outputs "

@@ -275,7 +275,7 @@ def check_cached_self_attention(fn: Callable[..., Any]) -> None:
             wrong = variants[name]
             first = 1 if name == "past_only" else 0  # step 0 of that bug: no key at all
             if torch.allclose(out[:, first:], wrong[:, first:], atol=1e-5):
-                raise CheckFailure(f"Likely mistake ({case}): {message}")
+                raise CheckFailure(f"Likely mistake ({case}): {message}", mistake=name)
         diff = (out - expected).abs().max().item()
         bad_steps = ((out - expected).abs().amax(dim=(0, 2)) > 1e-5).nonzero().flatten().tolist()
         raise CheckFailure(
@@ -499,7 +499,7 @@ def check_top_p_filter(fn: Callable[..., Any]) -> None:
         # Several mistakes can give the same tokens on one case: the later cases tell them apart.
         candidates = matching if suspects is None else [m for m in suspects if m in matching]
         if len(set(candidates)) == 1:
-            raise CheckFailure(f"Likely mistake ({case}): {candidates[0]}")
+            raise CheckFailure(f"Likely mistake ({case}): {candidates[0]}", mistake=candidates[0])
         if candidates:
             suspects, first_failure = candidates, first_failure or case
             continue
@@ -511,5 +511,5 @@ def check_top_p_filter(fn: Callable[..., Any]) -> None:
             "probability, take the cumulative sum, keep the smallest prefix whose mass reaches p."
         )
     if suspects:
-        raise CheckFailure(f"Likely mistake ({first_failure}): {suspects[0]}")
+        raise CheckFailure(f"Likely mistake ({first_failure}): {suspects[0]}", mistake=suspects[0])
     passed("check_top_p_filter", len(cases))

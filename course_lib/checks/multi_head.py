@@ -65,7 +65,7 @@ def _compare_any_shape(
             except Exception:  # a variant that cannot run on this case does not match
                 continue
             if _close(got, wrong, 1e-5):
-                raise CheckFailure(f"Likely mistake ({case}): {mistake.name}. {mistake.hint}")
+                raise CheckFailure(f"Likely mistake ({case}): {mistake.name}. {mistake.hint}", mistake=mistake.name)
     expect_shape(got, expected.shape, what, shape_fix)
     compare(got, expected, inputs, mistakes, case)
 

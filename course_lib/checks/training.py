@@ -445,7 +445,7 @@ def _shift_shapes_first(got: tuple, expected: tuple, inputs: tuple, mistakes: li
         except Exception:
             continue
         if all(g.shape == w.shape and torch.equal(g, w) for g, w in zip(got, wrong)):
-            raise CheckFailure(f"Likely mistake ({case}): {mistake.name}. {mistake.hint}")
+            raise CheckFailure(f"Likely mistake ({case}): {mistake.name}. {mistake.hint}", mistake=mistake.name)
     for what, tensor in zip(("tgt_in", "tgt_out"), got):
         if tensor.shape == (B, L + 1) and what == "tgt_in":
             raise CheckFailure(
@@ -650,7 +650,7 @@ def check_train_step(fn: Callable[..., Any]) -> None:
         case = f"step {k + 1} of {num_steps}, a model with dropout in training mode"
         for kind, name, hint in _STEP_MISTAKES:
             if _same_step(got[k], _trajectory(_step_variant(kind), k + 1)[k]):
-                raise CheckFailure(f"Likely mistake ({case}): {name}. {hint}")
+                raise CheckFailure(f"Likely mistake ({case}): {name}. {hint}", mistake=name)
         loss_ok = abs(float(got[k][0]) - float(expected[k][0])) <= 1e-5 * max(1.0, float(expected[k][0]))
         what = ("the loss is right but the weights after the update differ" if loss_ok else
                 f"the returned loss is {float(got[k][0]):.4f}, expected {float(expected[k][0]):.4f}")

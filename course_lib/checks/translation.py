@@ -267,7 +267,7 @@ def check_make_batch(fn: Callable[..., Any]) -> None:
             if wrong is not None and all(
                 g.shape == w.shape and torch.equal(g.long(), w) for g, w in zip(got, wrong)
             ):
-                raise CheckFailure(f"Likely mistake ({case}): {name}. {hint}")
+                raise CheckFailure(f"Likely mistake ({case}): {name}. {hint}", mistake=name)
         padded_with = _wrong_pad_value(got, expected, sv.pad_id)
         if padded_with is not None:
             raise CheckFailure(

@@ -251,6 +251,41 @@ def _exercise_codes(obj):
     return []
 
 
+def _reseeded(offset):
+    """A context in which every seed a checker sets (``torch.Generator().manual_seed(s)``,
+    ``torch.manual_seed(s)``, ``random.Random(s)``) becomes another one, chosen by ``offset``: the
+    re-check's inputs are not the ones the notebook's run showed (and printed), so answers recorded
+    while the notebook ran cannot be replayed."""
+    import contextlib
+    import random
+
+    import torch
+
+    def mix(s):
+        return (hash((int(s), offset)) % 2**62) if isinstance(s, int) else s
+
+    real_generator, real_seed, real_random = torch.Generator, torch.manual_seed, random.Random
+
+    class Generator(real_generator):
+        def manual_seed(self, s):
+            return super().manual_seed(mix(s))
+
+    class Random(real_random):
+        def seed(self, a=None, version=2):
+            return super().seed(mix(a) if isinstance(a, int) else a, version)
+
+    @contextlib.contextmanager
+    def swapped():
+        torch.Generator, random.Random = Generator, Random
+        torch.manual_seed = lambda s: real_seed(mix(s))
+        try:
+            yield
+        finally:
+            torch.Generator, torch.manual_seed, random.Random = real_generator, real_seed, real_random
+
+    return swapped()
+
+
 def recheck(spec, seed, limit, restore, nonce, solutions_dir, cells, user_ns=None, publish=None):
     """Re-run every exercise's checker; publish (and return) {"exercises": {key: {outcome, message,
     mistake}}, "patched_before": [...]}. ``user_ns`` and ``publish`` default to the kernel's."""
@@ -373,7 +408,7 @@ def recheck(spec, seed, limit, restore, nonce, solutions_dir, cells, user_ns=Non
             threading.settrace(tracer)
             sys.settrace(tracer)
             try:
-                with contextlib.redirect_stdout(printed):
+                with contextlib.redirect_stdout(printed), _reseeded(seed):
                     eval(call, namespace)
             except GraderTimeout as err:
                 message = f"Timed out: {err}."

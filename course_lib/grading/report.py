@@ -108,7 +108,8 @@ def _report(rows: list[Graded], lessons: dict[str, Lesson], sandbox: str = "") -
             "after the notebook.</p>"
             f"<h2>Who passed each exercise</h2>{_chart(shares)}{_table(['exercise', 'passed', 'share'], pass_rows)}"
             "<h2>The class's mistakes, most common first</h2>"
-            + (_table(["exercise", "mistake the checker named", "what it said (one learner's message)"], mistake_rows) if mistake_rows
+            + (_table(["exercise", "mistake the checker named", "what it said (one learner's message)"],
+                      mistake_rows) if mistake_rows
                else "<p>No checker named a mistake.</p>")
             + "<h2>Solutions shown before passing</h2>"
             + (_table(["student", "exercises"], peeks) if peeks else "<p>Nobody.</p>")

@@ -1336,3 +1336,42 @@ def _decode_shapes(variant):
 def test_rope_decode_second_tryout_mistakes_are_named(variant, words):
     with pytest.raises(CheckFailure, match=words):
         check_rope_decode(_decode_shapes(variant))
+
+
+def test_third_tryout_mistakes_are_named():
+    """h11's third tryout (3 of 8 named before): each now gets its own message."""
+    with pytest.raises(CheckFailure, match=r"another eps than the module's.*\(1e-08\), or changed"):
+        check_rmsnorm(_rmsnorm(lambda x, w, e: x / torch.sqrt(_ms(x) + e ** 2) * w))
+    with pytest.raises(CheckFailure, match="the root mean square itself returned"):
+        check_rmsnorm(_rmsnorm(lambda x, w, e: torch.sqrt(_ms(x) + e) * w))
+
+    def rope(base_used=None, swap_halves=False):
+        def apply_rope(x, positions, base=10000.0):
+            hd = x.size(-1)
+            a = torch.outer(positions.float(), (base_used or base) ** (-torch.arange(0, hd, 2).float() / hd))
+            x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
+            first, second = x1 * a.cos() - x2 * a.sin(), x1 * a.sin() + x2 * a.cos()
+            return torch.cat([second, first] if swap_halves else [first, second], -1)
+
+        return apply_rope
+
+    with pytest.raises(CheckFailure, match="base 10000 written in"):
+        check_apply_rope(rope(base_used=10000.0))
+    with pytest.raises(CheckFailure, match="the two halves of the output swapped"):
+        check_apply_rope(rope(swap_halves=True))
+
+    ns = _decode_solution()
+    apply_rope = ns["apply_rope"]
+
+    def softmax_rows(layer, x_t, t, cache):
+        kv, g = layer.num_kv_heads, layer.num_heads // layer.num_kv_heads
+        q = apply_rope(layer.split_heads(layer.q_proj(x_t)), torch.tensor([t]))
+        k = apply_rope(layer.split_heads(layer.k_proj(x_t), kv), torch.tensor([t]))
+        v = layer.split_heads(layer.v_proj(x_t), kv)
+        if cache is not None:
+            k, v = torch.cat([cache[0], k], 2), torch.cat([cache[1], v], 2)
+        w = (q @ k.repeat_interleave(g, 1).transpose(-2, -1) / layer.head_dim ** 0.5).softmax(-2)
+        return layer.out_proj(layer.merge_heads(w @ v.repeat_interleave(g, 1))), (k, v)
+
+    with pytest.raises(CheckFailure, match="the softmax taken over the query's one row"):
+        check_rope_decode(softmax_rows)

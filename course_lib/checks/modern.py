@@ -772,10 +772,10 @@ def _rms_mistakes(eps: float) -> list[Mistake]:
         Mistake("eps outside the square root",
                 "eps goes inside: x / sqrt(mean(x**2) + eps), not x / (sqrt(mean(x**2)) + eps)",
                 lambda x, w: x / (x.pow(2).mean(-1, keepdim=True).sqrt() + eps) * w),
-        *[Mistake(f"eps written in as a number ({number:g}), not the module's eps",
+        *[Mistake(f"another eps than the module's: eps written in as a number ({number:g}), or changed",
                   f"your output matches eps = {number:g}, but this module was built with eps={eps:g}: "
-                  "the constructor's eps is the one to use (Llama's configs use 1e-5 or 1e-6, and "
-                  "the checker builds modules with other values)",
+                  "the constructor's eps, as it is, is the one to use (Llama's configs use 1e-5 or "
+                  "1e-6, and the checker builds modules with other values)",
                   (lambda e: lambda x, w: x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + e) * w)(number))
           for number in (1e-6, 1e-5, 1e-8) if not math.isclose(number, eps)],
         Mistake("eps is missing",
@@ -813,6 +813,10 @@ def _rms_mistakes(eps: float) -> list[Mistake]:
                 "mean(|x|) is not the root mean square: square, take the mean, then the root, "
                 "sqrt(mean(x**2) + eps)",
                 lambda x, w: x / (x.abs().mean(-1, keepdim=True) + eps) * w),
+        Mistake("the root mean square itself returned, not x divided by it",
+                "your output is sqrt(mean(x**2) + eps) * weight, the same for every number of a "
+                "vector: RMSNorm returns x divided by it, x / sqrt(mean(x**2) + eps) * weight",
+                lambda x, w: torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w),
         Mistake("the mean square without keepdim",
                 "x.pow(2).mean(-1) drops the last dim: its (...,) numbers then line up with x's "
                 "LAST dim, not with its vectors (with other sizes it raises a size error). Keep the "
@@ -1201,6 +1205,16 @@ def _apply_rope_mistakes(base: float) -> list[Mistake]:
                 "number has its own formula",
                 lambda x, p: (lambda y: torch.cat([y[..., : x.size(-1) // 2]] * 2, -1))(
                     _turn_halves(x, right(p, x.size(-1))))),
+        Mistake("base 10000 written in, not the base given",
+                "your angles are those of base 10000, but this call passed another base: use the "
+                "base argument",
+                lambda x, p: _turn_halves(x, _rope_angles(p, x.size(-1), 10000.0))),
+        Mistake("the two halves of the output swapped",
+                "your first half holds what belongs in the second (x1 sin + x2 cos) and the other "
+                "way round: plane i's first number goes back to place i, its second to i + "
+                "head_dim/2",
+                lambda x, p: (lambda y: torch.cat([y[..., x.size(-1) // 2:], y[..., : x.size(-1) // 2]],
+                                                  -1))(_turn_halves(x, right(p, x.size(-1))))),
         Mistake("the angle table transposed, (head_dim/2, L)",
                 "positions[None, :] * theta[:, None] gives row i = plane i and column j = position "
                 "j, the transpose of what x needs (it runs when L = head_dim/2, and raises a size "
@@ -1249,9 +1263,12 @@ def _apply_rope_right_on(fn: Callable[..., Any], cases: list[int]) -> list[int]:
 def _one_head_dim_rope(fn: Callable[..., Any], n: int) -> str:
     """A sentence if ``fn`` is right only for x with another number of dims, or another head_dim,
     than case ``n``'s; else ''."""
-    shape = _APPLY_ROPE_CASES[n][1]
+    shape, base = _APPLY_ROPE_CASES[n][1], _APPLY_ROPE_CASES[n][2]
     hd = shape[-1]
     right = _apply_rope_right_on(fn, list(range(len(_APPLY_ROPE_CASES))))
+    if len({_APPLY_ROPE_CASES[m][1][-1] for m in right}) > 1 and all(
+            _APPLY_ROPE_CASES[m][2] != base for m in right):
+        return ""  # right for several head_dims: not a size written in (another base, named below)
     if right and all(len(_APPLY_ROPE_CASES[m][1]) != len(shape) for m in right):
         dims = sorted({len(_APPLY_ROPE_CASES[m][1]) for m in right})
         return (f"Only right for x with {' or '.join(map(str, dims))} dims: {_APPLY_ROPE_CASES[n][0]} "
@@ -1389,7 +1406,8 @@ def _decode_step64(layer: MultiHeadAttention, x_t: torch.Tensor, t: int, cache: 
         keys, values = keys[:, index], values[:, index]
         scale = {"no_scale": 1.0, "scale_d_model": 1 / math.sqrt(h * layer.head_dim)}.get(
             knob, 1 / math.sqrt(layer.head_dim))
-        heads = (q @ keys.transpose(-2, -1) * scale).softmax(-1) @ values  # (B, h, 1, hd)
+        scores = q @ keys.transpose(-2, -1) * scale  # (B, h, 1, t + 1)
+        heads = scores.softmax(-2 if knob == "softmax_rows" else -1) @ values  # (B, h, 1, hd)
     merged = heads.transpose(1, 2).reshape(x_t.size(0), 1, h * layer.head_dim)  # (B, 1, d)
     out = merged if knob == "no_out_proj" else _lin64(layer.out_proj, merged)
     return out, K, V
@@ -1441,6 +1459,9 @@ _DECODE_MISTAKES = [
      "query head i uses KV head i // (num_heads // num_kv_heads): repeat_interleave, not repeat"),
     ("no_scale", "no 1/sqrt(head_dim) scaling",
      "the scores are not divided by sqrt(head_dim)"),
+    ("softmax_rows", "the softmax taken over the query's one row",
+     "your output is the SUM of the values: a softmax over dim -2 normalises the one query row "
+     "(every weight 1); the weights must sum to 1 over the positions 0..t, the last dim"),
     ("scale_d_model", "the scores divided by sqrt(d_model), not sqrt(head_dim)",
      "each head's scores are dot products of head_dim numbers: they are divided by sqrt(head_dim)"),
     ("no_out_proj", "layer.out_proj is not applied",

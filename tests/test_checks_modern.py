@@ -1375,3 +1375,33 @@ def test_third_tryout_mistakes_are_named():
 
     with pytest.raises(CheckFailure, match="the softmax taken over the query's one row"):
         check_rope_decode(softmax_rows)
+
+
+@pytest.mark.parametrize("decorator", [torch.no_grad(), torch.inference_mode()],
+                         ids=["no_grad", "inference_mode"])
+def test_every_lesson_11_checker_accepts_decorated_solutions(decorator):
+    """Issue 38: every function under @torch.no_grad() shares the decorator's wrapper code, so a
+    checker watching a decorated reference (Hugging Face's LlamaRotaryEmbedding.forward) by its code
+    refused the learner's own decorated answer; calls_to now watches the unwrapped body."""
+    def decorated(fn):
+        @decorator
+        def wrapper(*args, **kwargs):
+            return fn(*args, **kwargs)
+
+        wrapper.__name__ = fn.__name__
+        return wrapper
+
+    def decorated_forward(cls):
+        return type(cls.__name__, (cls,), {"forward": decorator(cls.forward)})
+
+    ns = _decode_solution()
+    for check, answer in [
+        (check_kv_bytes, decorated(_solution("11.kv_bytes")["predicted_kv_bytes"])),
+        (check_rope_layout, decorated(_solution("11.rope_layout")["apply_rotary_fixed"])),
+        (check_gqa, decorated(_solution("11.gqa")["grouped_query_attention"])),
+        (check_apply_rope, decorated(ns["apply_rope"])),
+        (check_rope_decode, decorated(ns["rope_decode_step"])),
+        (check_rmsnorm, decorated_forward(_solution("11.rmsnorm")["MyRMSNorm"])),
+        (check_swiglu, decorated_forward(_solution("11.swiglu")["MySwiGLU"])),
+    ]:
+        assert passes(check, answer), check.__name__

@@ -297,8 +297,8 @@ def _port_observed(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, got: t
         "where a rotation keeps every length. Which two numbers of a head does each of Hugging "
         "Face's angles belong to, and which two does the port turn together?")
     if _LAYOUT_REPEATS["port"] > 1:
-        message += (" A look that helps: print cos[1] of RotaryEmbedding(8, 4, layout='halves')"
-                    ".cos_sin(4) and find the columns that hold the same angle.")
+        message += (" A look that helps: print RotaryEmbedding(8, 4, layout='halves').cos_sin(4)[0][1], "
+                    "the cos of position 1, and find the columns that hold the same angle.")
     return message + ' The fix itself: show_solution("11.rope_layout").'
 
 

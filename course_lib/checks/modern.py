@@ -1542,8 +1542,7 @@ def check_rope_decode(fn: Callable[..., Any]) -> None:
 
     if is_course_lib(fn):
         raise CheckFailure("You handed in one of course_lib's functions: write the decoding step.")
-    refused = [RotaryEmbedding.forward, hf.apply_rotary_pos_emb, MultiHeadAttention.forward,
-               MultiHeadAttention.project_kv, MultiHeadAttention.attend]
+    refused = [RotaryEmbedding.forward, hf.apply_rotary_pos_emb, MultiHeadAttention.forward]
     for n, (case, d, h, kv, B, P, T, _) in enumerate(_DECODE_CASES):
         layer, reference, x = _decode_layer(n)
         with torch.no_grad():
@@ -1580,9 +1579,9 @@ def check_rope_decode(fn: Callable[..., Any]) -> None:
                     raise
             if seen:
                 raise CheckFailure("Your step calls a library's rotary attention (course_lib's "
-                                   "RotaryEmbedding or MultiHeadAttention's forward, project_kv or "
-                                   "attend, or Hugging Face's apply_rotary_pos_emb): turn the "
-                                   "queries and keys with rope_at, at the position you work out.")
+                                   "RotaryEmbedding or MultiHeadAttention.forward, or Hugging Face's "
+                                   "apply_rotary_pos_emb): turn the queries and keys with rope_at, at "
+                                   "the position you work out.")
             if not torch.equal(x_t, x[:, t : t + 1]):
                 raise CheckFailure(f"Your step changes x_t in place ({case}, t={t}).")
             if given is not None and not all(torch.equal(a, b) for a, b in zip(given, cache)):

@@ -635,7 +635,7 @@ def test_generate_other_styles_pass():
         ({"temp": "multiply"}, "multiplied by the temperature"),
         ({"temp": "ignored"}, "temperature changes nothing"),
         ({"temp": "probs"}, "temperature changes nothing"),
-        ({"topk": "ignored"}, "top_k is ignored"),
+        ({"topk": "ignored"}, "top_k changes nothing"),
         ({"topk": "gt"}, "keeps top_k - 1"),
         ({"topk": "zero"}, "set to 0, not -inf"),
         ({"sample": "greedy"}, "argmax"),
@@ -678,84 +678,174 @@ def test_generate_stub(capsys):
 
 
 # ----------------------------------------------------------------------------------------------
-# build (★★★): the training loop of lm_training's recipe
+# build (★★★): the training loop, with the learner's own AdamW and schedule
 # ----------------------------------------------------------------------------------------------
 
 
-def _train(decay="matrices", warmup="course", cosine="course", clip="before", zero_grad=True,
-           opt="adamw", groups_by="dim", ret="losses", sched="manual"):
-    """A learner's training loop with one chosen mistake (the defaults are right)."""
+def _train(decay="matrices", decay_how="decoupled", warmup="course", cosine="course", clip="norm",
+           zero_grad=True, betas="recipe", correction="both", eps="outside", rate_when="before",
+           ret="losses", states="zeros_like", t_from=1):
+    """A learner's training loop with a hand-written AdamW and one chosen mistake (the defaults
+    are right): per-parameter loops, the state in a dict keyed by the parameter."""
 
     def my_lm_train(model, batches, recipe):
         named = list(model.named_parameters())
-        if groups_by == "name":  # decay unless a bias or a norm (a correct style)
-            matrices = [p for n, p in named if not n.endswith("bias") and "norm" not in n]
-            vectors = [p for n, p in named if n.endswith("bias") or "norm" in n]
-        elif groups_by == "split_tied":  # Linear weights decay, the embedding does not: one matrix
-            matrices = [m.weight for m in model.modules() if isinstance(m, nn.Linear)]
-            vectors = [p for n, p in named if "embed" in n or p.dim() < 2]
-        elif groups_by == "modules":  # the tied matrix twice
-            matrices = [m.weight for m in model.modules() if isinstance(m, (nn.Linear, nn.Embedding))]
-            vectors = [p for p in model.parameters() if p.dim() < 2]
+        if decay == "by_name":
+            wd_of = {n: recipe.weight_decay if "bias" not in n else 0.0 for n, _ in named}
+        elif decay == "all":
+            wd_of = {n: recipe.weight_decay for n, _ in named}
         else:
-            matrices = [p for p in model.parameters() if p.dim() >= 2]
-            vectors = [p for p in model.parameters() if p.dim() < 2]
-        wd = recipe.weight_decay
-        if decay == "all":
-            groups = [{"params": matrices + vectors, "weight_decay": wd}]
-        elif decay == "default":
-            groups = list(model.parameters())
-        else:
-            groups = [{"params": matrices, "weight_decay": wd}, {"params": vectors, "weight_decay": 0.0}]
-        cls = torch.optim.Adam if opt == "adam" else torch.optim.AdamW
-        optimizer = cls(groups, lr=recipe.lr, betas=recipe.betas)
+            wd_of = {n: recipe.weight_decay if p.dim() >= 2 else 0.0 for n, p in named}
+        b1, b2 = (0.9, 0.999) if betas == "default" else recipe.betas
+        state = {}
 
         def factor(s):
             w, n, low = recipe.warmup, recipe.num_steps, recipe.min_lr / recipe.lr
-            if s < w and warmup != "none":
+            if s < w:
                 return {"course": (s + 1) / (w + 1), "s_over_w": s / w}[warmup]
-            if cosine == "none":
-                return 1.0
-            p = min(1.0, (s - w) / (n - w))
-            if cosine == "to_zero":
-                low = 0.0
+            p = min(1.0, s / n) if cosine == "from_0" else min(1.0, (s - w) / (n - w))
             return low + 0.5 * (1 + math.cos(math.pi * p)) * (1 - low)
 
-        scheduler = None
-        if sched != "manual":
-            scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+        lr = recipe.lr  # the rate before the loop: the peak
         losses = []
         for step, (x, y) in enumerate(batches):
-            if sched == "manual":
-                for group in optimizer.param_groups:
-                    group["lr"] = recipe.lr * factor(step)
-            elif sched == "ahead":
-                scheduler.step()
+            if rate_when == "before":
+                lr = recipe.lr * factor(step)
             loss = F.cross_entropy(model(x).transpose(1, 2), y)
             if zero_grad:
-                optimizer.zero_grad()
+                model.zero_grad()
             loss.backward()
-            if clip == "before":
+            if clip == "norm":
                 nn.utils.clip_grad_norm_(model.parameters(), recipe.max_grad_norm)
-            optimizer.step()
-            if clip == "after":
-                nn.utils.clip_grad_norm_(model.parameters(), recipe.max_grad_norm)
-            if sched == "lambda":
-                scheduler.step()
+            elif clip == "value":
+                nn.utils.clip_grad_value_(model.parameters(), recipe.max_grad_norm)
+            t = step + t_from
+            with torch.no_grad():
+                for n, p in named:
+                    g = p.grad
+                    if decay_how == "l2":
+                        g = g + wd_of[n] * p
+                    if p not in state:
+                        zeros = (torch.zeros_like(p) if states == "zeros_like"
+                                 else torch.zeros(p.shape))  # float32 states
+                        state[p] = [zeros, zeros.clone()]
+                    m, v = state[p]
+                    m.mul_(b1).add_((1 - b1) * g)
+                    v.mul_(b2).add_((1 - b2) * g * g)
+                    m_hat = m / (1 - b1**t) if correction == "both" else m
+                    v_hat = v / (1 - b2**t) if correction == "both" else v
+                    if eps == "inside":
+                        step_ = m_hat / torch.sqrt(v_hat + 1e-8)
+                    else:
+                        step_ = m_hat / (torch.sqrt(v_hat) + 1e-8)
+                    if decay_how == "decoupled":
+                        p -= lr * wd_of[n] * p
+                    p -= lr * step_
+            if rate_when == "after":
+                lr = recipe.lr * factor(step)
             losses.append(loss.item())
         return {"losses": losses, "none": None, "short": losses[:-1]}[ret]
 
     return my_lm_train
 
 
-def test_lm_train_right_answer_passes(capsys):
-    assert passes(check_lm_train, _train())
+def test_lm_train_solution_passes(capsys):
+    assert passes(check_lm_train, _solution("09.lm_train")["my_lm_train"])
     assert "check_lm_train: all 2 cases match" in capsys.readouterr().out
 
 
+def test_lm_train_checker_mirror_equals_torch_adamw():
+    """The checker's hand-written AdamW (the source of its named mistakes), with no mistake, gives
+    torch.optim.AdamW's weights in float64 to float rounding: 1e-10, far below the 1e-6 it allows."""
+    from course_lib.checks.gpt import _max_diff, _train_case, _train_variant, lm_train_reference
+
+    for seed in (0, 1):
+        model, batches, recipe = _train_case(seed)
+        mirror = _train_case(seed)[0]
+        assert lm_train_reference(model, batches, recipe) == pytest.approx(
+            _train_variant(mirror, batches, recipe), rel=1e-12)
+        assert _max_diff(model, mirror) < 1e-10
+
+
 def test_lm_train_other_styles_pass():
-    """Groups by name, LambdaLR with lm_training's warmup_cosine, fused AdamW; and course_lib's
-    own pieces (lm_optimizer, train) put together."""
+    """Per-parameter loops with a dict of states, float32 states, the update on p.data, the rate
+    from a list computed ahead, the clipping by hand, torch.autograd.grad instead of backward."""
+
+    def vectorised(model, batches, recipe):
+        params = list(model.parameters())
+        flat = lambda ts: torch.cat([t.reshape(-1) for t in ts])  # noqa: E731
+        wd = flat([torch.full_like(p, recipe.weight_decay if p.ndim > 1 else 0.0) for p in params])
+        m, v = torch.zeros_like(wd), torch.zeros_like(wd)
+        (b1, b2), w, n = recipe.betas, recipe.warmup, recipe.num_steps
+        rates = [recipe.lr * (s + 1) / (w + 1) if s < w else recipe.min_lr + (recipe.lr - recipe.min_lr)
+                 * (1 + math.cos(math.pi * min(1, (s - w) / (n - w)))) / 2 for s in range(len(batches))]
+        losses = []
+        for t, ((x, y), lr) in enumerate(zip(batches, rates), start=1):
+            loss = lm_loss_fn(model(x), y)
+            grads = torch.autograd.grad(loss, params)
+            g = flat(grads)
+            g = g * min(1.0, recipe.max_grad_norm / (g.norm() + 1e-6))  # clip_grad_norm_'s formula
+            m = b1 * m + (1 - b1) * g
+            v = b2 * v + (1 - b2) * g**2
+            p = flat([q.data for q in params])
+            p = p * (1 - lr * wd) - lr * (m / (1 - b1**t)) / ((v / (1 - b2**t)).sqrt() + 1e-8)
+            offset = 0
+            for q in params:
+                q.data.copy_(p[offset:offset + q.numel()].view_as(q))
+                offset += q.numel()
+            losses.append(loss.item())
+        return losses
+
+    from course_lib.gpt import lm_loss as lm_loss_fn
+
+    for fn in (vectorised, _train(), _train(states="float32")):
+        assert passes(check_lm_train, fn)
+
+
+@pytest.mark.parametrize(
+    "mistake, words",
+    [
+        ({"decay": "all"}, "decay is applied to every parameter"),
+        ({"decay": "by_name"}, "chosen by name"),
+        ({"decay_how": "l2"}, "added to the gradient \\(L2"),
+        ({"decay_how": "none"}, "no weight decay at all"),
+        ({"betas": "default"}, "AdamW's defaults \\(0.9, 0.999\\)"),
+        ({"correction": "none"}, "bias correction is missing"),
+        ({"eps": "inside"}, "eps is inside the square root"),
+        ({"warmup": "s_over_w"}, "warm-up is off by one: a rate of 0 at step 0"),
+        ({"cosine": "from_0"}, "cosine is counted from step 0"),
+        ({"rate_when": "after"}, "set one step late"),
+        ({"clip": "value"}, "clip_grad_value_"),
+        ({"clip": "none"}, "not clipped"),
+        ({"zero_grad": False}, "never zeroed"),
+        ({"t_from": 0}, "NaN or inf.*t counted from 0"),
+        ({"ret": "none"}, "list of the 12 training losses"),
+        ({"ret": "short"}, "11 losses for 12 batches"),
+    ],
+)
+def test_lm_train_mistakes(mistake, words):
+    with pytest.raises(CheckFailure, match=words):
+        check_lm_train(_train(**mistake))
+
+
+def _torch_adamw_loop(model, batches, recipe, scheduler=False):
+    """The former exercise's answer: torch.optim.AdamW (and LambdaLR), no longer allowed."""
+    params = list(model.parameters())
+    optimizer = torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2]},
+                                   {"params": [p for p in params if p.dim() < 2], "weight_decay": 0}],
+                                  lr=recipe.lr, betas=recipe.betas, weight_decay=recipe.weight_decay)
+    if scheduler:
+        torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
+    for x, y in batches:
+        loss = F.cross_entropy(model(x).transpose(1, 2), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return [0.0] * len(batches)
+
+
+def test_lm_train_refuses_torch_optim_and_course_lib_kindly():
+    from course_lib.checks.gpt import lm_train_reference
     from course_lib.lm_training import lm_optimizer, warmup_cosine
     from course_lib.training import train
 
@@ -769,33 +859,21 @@ def test_lm_train_other_styles_pass():
 
     from course_lib.gpt import lm_loss as lm_loss_fn
 
-    for fn in (with_pieces, _train(groups_by="name"), _train(sched="lambda")):
-        assert passes(check_lm_train, fn)
+    right = _train()
 
+    def with_warmup_cosine(model, batches, recipe):
+        warmup_cosine(0, recipe.warmup, recipe.num_steps, 0.1)
+        return right(model, batches, recipe)
 
-@pytest.mark.parametrize(
-    "mistake, words",
-    [
-        ({"decay": "all"}, "decay is applied to every parameter"),
-        ({"decay": "default"}, "default weight_decay=0.01"),
-        ({"opt": "adam"}, "Adam with weight_decay adds L2"),
-        ({"warmup": "s_over_w"}, "warm-up is off by one: step / warmup"),
-        ({"warmup": "none"}, "there is no warm-up"),
-        ({"cosine": "none"}, "stays at its peak after the warm-up"),
-        ({"cosine": "to_zero"}, "goes down to 0"),
-        ({"sched": "ahead"}, "one step ahead"),
-        ({"clip": "none"}, "not clipped"),
-        ({"clip": "after"}, "not clipped"),
-        ({"zero_grad": False}, "never zeroed"),
-        ({"groups_by": "modules"}, "tied matrix is in your parameter list twice"),
-        ({"groups_by": "split_tied"}, "TIED to the token table"),
-        ({"ret": "none"}, "list of the 12 training losses"),
-        ({"ret": "short"}, "11 losses for 12 batches"),
-    ],
-)
-def test_lm_train_mistakes(mistake, words):
-    with pytest.raises(CheckFailure, match=words):
-        check_lm_train(_train(**mistake))
+    for fn, words in [(_torch_adamw_loop, "builds a torch.optim optimizer"),
+                      (with_pieces, "course_lib's `lm_optimizer`"),
+                      (lambda m, b, r: lm_train_reference(m, b, r), "course_lib's `lm_train_reference`"),
+                      (with_warmup_cosine, "course_lib's `warmup_cosine`")]:
+        with pytest.raises(CheckFailure, match=words) as info:
+            check_lm_train(fn)
+        assert "Likely mistake" not in str(info.value)
+    with pytest.raises(CheckFailure, match="course_lib's own functions"):
+        check_lm_train(lm_train_reference)
 
 
 def test_lm_train_unknown_mistake_and_no_update():
@@ -806,7 +884,7 @@ def test_lm_train_unknown_mistake_and_no_update():
 
         return right(model, batches, replace(recipe, lr=2 * recipe.lr, min_lr=2 * recipe.min_lr))
 
-    with pytest.raises(CheckFailure, match="none of the usual mistakes"):
+    with pytest.raises(CheckFailure, match="none of the usual mistakes.*differ from step 1 on"):
         check_lm_train(doubled_lr)
     with pytest.raises(CheckFailure, match="did not change"):
         check_lm_train(lambda model, batches, recipe: [0.0] * len(batches))
@@ -818,3 +896,341 @@ def test_lm_train_stub(capsys):
 
     check_lm_train(my_lm_train)
     assert "not implemented yet" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------------------------
+# issue 38: correct code in other styles, decorated code, shortcuts refused kindly
+# ----------------------------------------------------------------------------------------------
+
+
+def _topk_gather(temp="divide", crop="last", k_extra=0):
+    """Top-k by drawing among the k values only, then mapping back with gather (the issue's
+    sampler): other draws than GPT.generate's for the same seed, the same distribution."""
+
+    def my_generate(model, ids, max_new_tokens, temperature=1.0, top_k=None, generator=None):
+        L = model.config.max_len
+        for _ in range(max_new_tokens):
+            context = {"last": ids[:, -L:], "minus_one": ids[:, -(L - 1):]}[crop]
+            with torch.no_grad():
+                logits = model(context)[:, -1]
+            logits = logits * temperature if temp == "multiply" else logits / temperature
+            if top_k is None:
+                nxt = torch.multinomial(logits.softmax(-1), 1, generator=generator)
+            else:
+                v, ix = logits.topk(top_k + k_extra)
+                nxt = ix.gather(-1, torch.multinomial(v.softmax(-1), 1, generator=generator))
+            ids = torch.cat([ids, nxt], 1)
+        return ids
+
+    return my_generate
+
+
+def _gumbel_max(model, ids, max_new_tokens, temperature=1.0, top_k=None, generator=None):
+    """Sampling by the Gumbel-max trick: argmax of logits + Gumbel noise, one at a time."""
+    rows = []
+    for row in ids:
+        out = row[None]
+        for _ in range(max_new_tokens):
+            with torch.no_grad():
+                logits = model(out[:, -model.config.max_len:])[0, -1].double() / temperature
+            if top_k is not None:
+                logits[logits < logits.topk(top_k).values[-1]] = -math.inf
+            u = torch.rand(logits.shape, generator=generator, dtype=torch.float64)
+            out = torch.cat([out, (logits - torch.log(-torch.log(u))).argmax().view(1, 1)], 1)
+        rows.append(out)
+    return torch.cat(rows)
+
+
+def test_generate_other_samplers_pass(capsys):
+    """Samplers that draw other tokens than GPT.generate for the same seed, but from the right
+    distribution, pass: the checker then tests the distribution of 4,000 of their draws."""
+    for fn in (_topk_gather(), _gumbel_max):
+        assert passes(check_generate, fn)
+        out = capsys.readouterr().out
+        assert "you sample another way" in out and "follow the model's distribution" in out
+        assert "mistake" not in out.lower()
+
+
+@pytest.mark.parametrize(
+    "fn, words",
+    [
+        (_topk_gather(temp="multiply"), "multiplied by the temperature"),
+        (_topk_gather(crop="minus_one"), "last max_len - 1 tokens"),
+        (_topk_gather(k_extra=1), "top_k \\+ 1 tokens|probability 0"),
+    ],
+)
+def test_generate_other_samplers_with_a_mistake_are_named(fn, words):
+    with pytest.raises(CheckFailure, match=words):
+        check_generate(fn)
+
+
+def test_generate_crop_to_max_len_minus_one_is_named():
+    def my_generate(model, ids, max_new_tokens, temperature=1.0, top_k=None, generator=None):
+        for _ in range(max_new_tokens):
+            logits = model(ids[:, -(model.config.max_len - 1):])[:, -1].detach() / temperature
+            if top_k is not None:
+                logits[logits < logits.topk(top_k).values[:, -1:]] = -math.inf
+            ids = torch.cat([ids, torch.multinomial(logits.softmax(-1), 1, generator=generator)], 1)
+        return ids
+
+    with pytest.raises(CheckFailure, match="last max_len - 1 tokens"):
+        check_generate(my_generate)
+
+
+@pytest.mark.parametrize("where", ["threshold", "argmax"])
+def test_generate_no_keepdim_is_named(where):
+    def my_generate(model, ids, max_new_tokens, temperature=1.0, top_k=None, generator=None):
+        for _ in range(max_new_tokens):
+            logits = model(ids[:, -model.config.max_len:])[:, -1].detach() / temperature
+            if top_k is not None:
+                kth = logits.topk(top_k).values[:, -1]  # (B,): no keepdim
+                logits = logits.masked_fill(logits < (kth if where == "threshold" else kth[:, None]),
+                                            -math.inf)
+            probs = logits.softmax(-1)
+            nxt = (torch.multinomial(probs, 1, generator=generator) if where == "threshold"
+                   else torch.multinomial(probs, 1, generator=generator)[:, 0])  # (B,)
+            ids = torch.cat([ids, nxt], 1)
+        return ids
+
+    words = "keep its axis: \\(B, 1\\)" if where == "threshold" else "needs the new tokens as \\(B, 1\\)"
+    with pytest.raises(CheckFailure, match=words) as info:
+        check_generate(my_generate)
+    assert "None of the usual" not in str(info.value)
+
+
+@pytest.mark.parametrize("decorator", [torch.no_grad(), torch.inference_mode()],
+                         ids=["no_grad", "inference_mode"])
+def test_decorated_solutions_pass(decorator):
+    """Every function under @torch.no_grad() shares the decorator's wrapper code; the checkers
+    watch course_lib's references by their own bodies (inspect.unwrap), so a decorated solution
+    is not taken for a call to GPT.generate or load_into_hf_gpt2."""
+    generate = decorator(_gen())
+    assert passes(check_generate, generate)
+    assert passes(check_generate, decorator(_topk_gather()))
+    port = _solution("09.port_attention")["port_attention"]
+    assert passes(check_attention_port, decorator(port))
+    forward = _solution("09.gpt_forward")["my_gpt_forward"]
+    assert passes(check_gpt_forward, torch.no_grad()(forward))
+
+
+def test_lm_loss_rewrapped_value_is_refused_without_inviting_a_rewrap():
+    def my_lm_loss(model, window):
+        logits = model(window[:, :-1])
+        value = F.cross_entropy(logits.reshape(-1, logits.size(-1)), window[:, 1:].reshape(-1))
+        return torch.tensor(value.item(), requires_grad=True)
+
+    with pytest.raises(CheckFailure, match="No gradient reaches the model") as info:
+        check_lm_loss(my_lm_loss)
+    assert "requires_grad" not in str(info.value)
+
+    def half_detached(model, window):  # the right value, half of the gradient
+        right = _loss()(model, window)
+        return 0.5 * right + 0.5 * right.detach()
+
+    with pytest.raises(CheckFailure, match="right value but not the right gradient"):
+        check_lm_loss(half_detached)
+
+
+def test_lm_loss_refuses_course_lib_lm_loss_inside_kindly():
+    from course_lib.gpt import lm_loss
+
+    with pytest.raises(CheckFailure, match="calls course_lib's lm_loss") as info:
+        check_lm_loss(lambda model, window: lm_loss(model(window[:, :-1]), window[:, 1:]))
+    assert "mistake" not in str(info.value).lower()
+
+
+def test_attention_port_refuses_the_reference_by_its_name():
+    from course_lib.checks.gpt import port_attention_reference
+
+    with pytest.raises(CheckFailure, match="port_attention_reference"):
+        check_attention_port(lambda ours, theirs: port_attention_reference(ours, theirs))
+    with pytest.raises(CheckFailure, match="course_lib's own functions"):
+        check_attention_port(port_attention_reference)
+
+
+def test_attention_port_cat_dim1_then_t_gets_the_shapes():
+    def port_attention(ours, theirs):
+        with torch.no_grad():
+            theirs.c_attn.weight.copy_(torch.cat([ours.q_proj.weight, ours.k_proj.weight,
+                                                  ours.v_proj.weight], dim=1).t())
+            theirs.c_attn.bias.copy_(torch.cat([ours.q_proj.bias, ours.k_proj.bias, ours.v_proj.bias]))
+            theirs.c_proj.weight.copy_(ours.out_proj.weight.t())
+            theirs.c_proj.bias.copy_(ours.out_proj.bias)
+
+    with pytest.raises(CheckFailure, match="c_attn.weight is \\(in, out\\) = \\(d, 3d\\) = \\(24, 72\\); "
+                                           "yours is \\(72, 24\\)") as info:
+        check_attention_port(port_attention)
+    assert "Your code raised RuntimeError" not in str(info.value)
+
+
+def test_attention_port_by_data_passes_with_a_note_on_shared_memory(capsys):
+    def port_attention(ours, theirs):
+        theirs.c_attn.weight.data = torch.cat([ours.q_proj.weight.data, ours.k_proj.weight.data,
+                                               ours.v_proj.weight.data]).t()
+        theirs.c_attn.bias.data = torch.cat([ours.q_proj.bias.data, ours.k_proj.bias.data,
+                                             ours.v_proj.bias.data])
+        theirs.c_proj.weight.data = ours.out_proj.weight.data.t()  # a view: the same memory
+        theirs.c_proj.bias.data = ours.out_proj.bias.data  # the same tensor
+
+    assert passes(check_attention_port, port_attention)
+    out = capsys.readouterr().out
+    assert "check_attention_port: right" in out
+    assert "theirs.c_proj.bias and ours.out_proj.bias" in out and "share their memory" in out
+    assert "theirs.c_attn" not in out  # torch.cat made new tensors
+    assert passes(check_attention_port, _solution("09.port_attention")["port_attention"])
+    assert "share their memory" not in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------------------------
+# the notebook: the ★★★ stub states no steps, no working reference in view
+# ----------------------------------------------------------------------------------------------
+
+
+def _lesson_cells():
+    import nbformat
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "notebooks" / "09_gpt.ipynb"
+    return nbformat.read(path, as_version=4).cells
+
+
+def test_lm_train_stub_states_no_steps():
+    """The hook's rule for a ★★★ stub (/work/shared/hooks/before-stop): no numbered steps, at
+    most three commas or semicolons after TODO, fewer than 10 comment lines."""
+    import re
+
+    stub = next(c.source for c in _lesson_cells() if c.get("metadata", {}).get("exercise") == "09.lm_train")
+    todo = " ".join(line for line in stub.splitlines() if line.strip().startswith("#"))
+    assert len(re.findall(r"^\s*#\s*(?:\d+[.)]|step\b|then\b|first\b)", stub, re.M | re.I)) < 3
+    assert len(re.findall(r"[,;]", todo.split("TODO", 1)[1])) < 4 and todo.count("#") < 10
+
+
+def test_no_working_training_loop_in_view():
+    """Below the ★★★, the lesson uses lm_train_reference from course_lib until the learner's loop
+    passes; no cell shows an optimizer, a scheduler or course_lib's training pieces put together."""
+    code = "\n".join(c.source for c in _lesson_cells() if c.cell_type == "code")
+    for shortcut in ("torch.optim", "lm_optimizer", "warmup_cosine", "course_lib_lm_train",
+                     "from course_lib.training import"):
+        assert shortcut not in code, shortcut
+    assert "yours_or_reference(my_lm_train, lm_train_reference)" in code
+
+
+# ----------------------------------------------------------------------------------------------
+# h09's first tryout (issue 38): the wrong attempts whose messages were generic, raw or wrong
+# ----------------------------------------------------------------------------------------------
+
+
+def _loss_from(targets_of, view=False, **ce):
+    def my_lm_loss(model, window):
+        x = window[:, :-1]
+        logits = model(x)
+        y = targets_of(window, x)
+        if view:
+            return F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1), **ce)
+        return F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1), **ce)
+
+    return my_lm_loss
+
+
+@pytest.mark.parametrize(
+    "fn, words",
+    [
+        (_loss_from(lambda w, x: w[:, 1:], view=True), "\\.view cannot flatten it"),
+        (_loss_from(lambda w, x: w[:, 1:], label_smoothing=0.1), "label smoothing"),
+        (_loss_from(lambda w, x: torch.roll(x, -1, dims=1)), "torch.roll"),
+    ],
+)
+def test_lm_loss_tryout_mistakes_are_named(fn, words):
+    with pytest.raises(CheckFailure, match=words):
+        check_lm_loss(fn)
+
+
+def test_gpt_forward_positions_of_the_ids_are_named():
+    def my_gpt_forward(model, ids):
+        x = model.embed.dropout(model.embed.token(ids) + model.embed.position(ids))
+        for layer in model.blocks.layers:
+            x = layer(x, causal_mask(ids.size(1)))
+        return model.lm_head(model.blocks.norm(x))
+
+    with pytest.raises(CheckFailure, match="position was given a tensor"):
+        check_gpt_forward(my_gpt_forward)
+
+
+def _gen_loop(context="last", total=False, ascending=False):
+    def my_generate(model, ids, max_new_tokens, temperature=1.0, top_k=None, generator=None):
+        out = ids
+        steps = range(max(max_new_tokens - ids.size(1), 0)) if total else range(max_new_tokens)
+        for _ in steps:
+            source = ids if context == "prompt" else out
+            with torch.no_grad():
+                logits = model(source[:, -model.config.max_len:])[:, -1] / temperature
+            if top_k is not None:
+                ordered = logits.sort(-1).values if ascending else logits.sort(-1, descending=True).values
+                logits = logits.masked_fill(logits < ordered[:, top_k - 1 : top_k], -math.inf)
+            out = torch.cat([out, torch.multinomial(logits.softmax(-1), 1, generator=generator)], 1)
+        return out
+
+    return my_generate
+
+
+@pytest.mark.parametrize(
+    "fn, words",
+    [
+        (_gen_loop(context="prompt"), "reads the prompt at every step"),
+        (_gen_loop(total=True), "max_new_tokens counts the NEW tokens"),
+        (_gen_loop(ascending=True), "top_k changes nothing.*LARGEST"),
+    ],
+)
+def test_generate_tryout_mistakes_are_named(fn, words):
+    with pytest.raises(CheckFailure, match=words):
+        check_generate(fn)
+
+
+def test_generate_a_wrong_sampler_drawn_otherwise_is_not_given_a_near_miss_name():
+    """Top-k by gather with the logits divided by temperature squared: no named mistake fits its
+    draws (the likelihood ratio alone would pick the nearest one); the distribution test refuses
+    it and says what it sees."""
+
+    def my_generate(model, ids, max_new_tokens, temperature=1.0, top_k=None, generator=None):
+        for _ in range(max_new_tokens):
+            with torch.no_grad():
+                logits = model(ids[:, -model.config.max_len:])[:, -1] / temperature**2
+            v, ix = logits.topk(top_k or logits.size(-1))
+            ids = torch.cat([ids, ix.gather(-1, torch.multinomial(v.softmax(-1), 1, generator=generator))], 1)
+        return ids
+
+    with pytest.raises(CheckFailure, match="do not follow the model's distribution.*picks likelier") as info:
+        check_generate(my_generate)
+    assert "Likely mistake" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "knobs, words",
+    [
+        ({"decay": "no_embeddings"}, "embedding tables get no decay"),
+        ({"schedule": "min_lr_as_ratio"}, "min_lr is a rate, not a fraction"),
+        ({"clip": "per_group"}, "clipped group by group"),
+        ({"decay_how": "grows"}, "wrong sign"),
+        ({"decay": "vectors"}, "decay is on the wrong parameters"),
+    ],
+)
+def test_lm_train_tryout_mistakes_are_named(knobs, words):
+    """Each written as a learner would, through the checker's own mirror of AdamW (whose
+    defaults equal torch.optim.AdamW, see test_lm_train_checker_mirror_equals_torch_adamw)."""
+    from course_lib.checks.gpt import _train_variant
+
+    with pytest.raises(CheckFailure, match=words):
+        check_lm_train(lambda model, batches, recipe: _train_variant(model, batches, recipe, **knobs))
+
+
+def test_attention_port_reshape_instead_of_transpose_is_observed():
+    def port_attention(ours, theirs):
+        with torch.no_grad():
+            W = torch.cat([ours.q_proj.weight, ours.k_proj.weight, ours.v_proj.weight])  # (3d, d)
+            theirs.c_attn.weight.copy_(W.reshape(theirs.c_attn.weight.shape))
+            theirs.c_attn.bias.copy_(torch.cat([ours.q_proj.bias, ours.k_proj.bias, ours.v_proj.bias]))
+            theirs.c_proj.weight.copy_(ours.out_proj.weight.t())
+            theirs.c_proj.bias.copy_(ours.out_proj.bias)
+
+    with pytest.raises(CheckFailure, match="reshaped from \\(72, 24\\) to \\(24, 72\\)"):
+        check_attention_port(port_attention)

@@ -72,32 +72,42 @@ def my_generate(model, ids, max_new_tokens, temperature=1.0, top_k=None, generat
 
 # %% solution 09.lm_train
 def my_lm_train(model, batches, recipe):
-    """Train `model` one step per (x, y) in `batches` with the recipe; return the step losses."""
+    """Train `model` one step per (x, y) in `batches` with AdamW written out; return the losses."""
     import math
 
-    decay = [p for p in model.parameters() if p.dim() >= 2]  # matrices: projections, token table
-    no_decay = [p for p in model.parameters() if p.dim() < 2]  # biases, LayerNorm gains
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": recipe.weight_decay},
-         {"params": no_decay, "weight_decay": 0.0}], lr=recipe.lr, betas=recipe.betas)
+    beta1, beta2 = recipe.betas
+    eps = 1e-8  # torch.optim.AdamW's default
+    params = list(model.parameters())  # the tied matrix (token table = lm_head) once
+    decay = [recipe.weight_decay if p.dim() >= 2 else 0.0 for p in params]  # matrices only
+    m = [torch.zeros_like(p) for p in params]  # first moment: the mean of the gradients
+    v = [torch.zeros_like(p) for p in params]  # second moment: the mean of their squares
 
-    def factor(step):  # warm-up to 1, then a cosine down to min_lr / lr
-        if step < recipe.warmup:
-            return (step + 1) / (recipe.warmup + 1)
+    def rate(step):  # step counts from 0
+        if step < recipe.warmup:  # lr/(w+1), 2lr/(w+1), ..., w lr/(w+1)
+            return recipe.lr * (step + 1) / (recipe.warmup + 1)
         progress = min(1.0, (step - recipe.warmup) / (recipe.num_steps - recipe.warmup))
-        low = recipe.min_lr / recipe.lr
-        return low + 0.5 * (1 + math.cos(math.pi * progress)) * (1 - low)
+        cosine = 0.5 * (1 + math.cos(math.pi * progress))  # 1 at the peak, 0 at num_steps
+        return recipe.min_lr + cosine * (recipe.lr - recipe.min_lr)
 
     losses = []
     model.train()
     for step, (x, y) in enumerate(batches):
-        for group in optimizer.param_groups:
-            group["lr"] = recipe.lr * factor(step)
+        lr, t = rate(step), step + 1  # t: Adam's step count, from 1
         logits = model(x)  # (B, T, V)
         loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1))
-        optimizer.zero_grad()
+        for p in params:
+            p.grad = None
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.max_grad_norm)
-        optimizer.step()
+        torch.nn.utils.clip_grad_norm_(params, recipe.max_grad_norm)  # the total norm of all
+        with torch.no_grad():
+            for p, wd, m_p, v_p in zip(params, decay, m, v):
+                if p.grad is None:
+                    continue
+                m_p.mul_(beta1).add_(p.grad, alpha=1 - beta1)
+                v_p.mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
+                m_hat = m_p / (1 - beta1**t)  # bias correction: m and v start at 0
+                v_hat = v_p / (1 - beta2**t)
+                p.mul_(1 - lr * wd)  # decoupled weight decay, on the weights of step t - 1
+                p.sub_(lr * m_hat / (v_hat.sqrt() + eps))
         losses.append(loss.item())
     return losses

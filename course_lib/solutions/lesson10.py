@@ -37,24 +37,51 @@ def merge(ids, pair, new_id):
 
 
 # %% solution 10.train_bpe
+import heapq
+from collections import Counter, defaultdict
+
+
 def train_bpe(text, num_merges):
-    # BPE's training loop on the chunks of `text`, each chunk a list of byte ids.
-    words = [list(chunk.encode("utf-8")) for chunk in pre_tokenize(text)]
+    # The course's rules, made fast. Each distinct chunk is a word of byte ids with its count in
+    # the text. The pair counts are kept up to date instead of recounted: a merge changes only
+    # the words that hold the merged pair, so only their pairs are taken out and put back. A heap
+    # of (-count, pair) finds the most frequent pair (a tie: the smallest pair comes out first);
+    # an entry whose count has changed since it was pushed is stale and skipped.
+    chunk_counts = Counter(pre_tokenize(text))
+    words = [list(chunk.encode("utf-8")) for chunk in chunk_counts]
+    freq = list(chunk_counts.values())
+    counts = defaultdict(int)  # pair -> how often it occurs in the text
+    where = defaultdict(set)  # pair -> the words that hold it
+    for w, word in enumerate(words):
+        for pair in zip(word, word[1:]):  # every occurrence: the run "rrr" holds (r, r) twice
+            counts[pair] += freq[w]
+            where[pair].add(w)
+    heap = [(-n, pair) for pair, n in counts.items()]
+    heapq.heapify(heap)
     merges = {}
     for i in range(num_merges):
-        counts = {}
-        for word in words:  # every adjacent pair inside each chunk, every occurrence
-            for pair in zip(word, word[1:]):
-                counts[pair] = counts.get(pair, 0) + 1
-        if not counts:
+        while heap and counts.get(heap[0][1]) != -heap[0][0]:
+            heapq.heappop(heap)  # stale
+        if not heap or -heap[0][0] < 2:  # the course's rule: stop when no pair occurs twice
             break
-        # the most frequent pair; a tie goes to the smallest pair (a, b)
-        pair = max(counts, key=lambda p: (counts[p], -p[0], -p[1]))
-        if counts[pair] < 2:  # the course's rule: stop when no pair occurs twice
-            break
-        new_id = 256 + i
+        pair, new_id = heap[0][1], 256 + i
         merges[pair] = new_id
-        words = [merge(word, pair, new_id) for word in words]  # your merge from exercise 1
+        changed = set()
+        for w in where.pop(pair):
+            old, new = words[w], merge(words[w], pair, new_id)  # your merge from exercise 1
+            for p in zip(old, old[1:]):
+                counts[p] -= freq[w]
+                changed.add(p)
+            for p in zip(new, new[1:]):
+                counts[p] += freq[w]
+                where[p].add(w)
+                changed.add(p)
+            words[w] = new
+        for p in changed:
+            if counts[p] > 0:
+                heapq.heappush(heap, (-counts[p], p))
+            else:
+                del counts[p]
     return merges
 
 

@@ -45,7 +45,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["run_on_ranks", "RankFailed", "RanksTimedOut", "default_start_method", "PRELUDE"]
+__all__ = ["run_on_ranks", "run_command", "RankFailed", "RanksTimedOut", "default_start_method", "PRELUDE"]
 
 # What a notebook function sees when it is written to a module (the spawn start method).
 PRELUDE = ("import math\nimport torch\nimport torch.distributed as dist\nimport torch.nn.functional as F\n"
@@ -207,3 +207,76 @@ def run_on_ranks(fn: Callable[..., Any], world_size: int = 2, args: Sequence[Any
                 p.join(2.0)
             p.close() if not p.is_alive() else None
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (Linux: read from /proc; elsewhere psutil if it is installed)."""
+    try:
+        import psutil
+
+        return [p.pid for p in psutil.Process(pid).children(recursive=True)]
+    except Exception:  # no psutil, or the process is gone
+        pass
+    parents: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", encoding="utf-8") as file:
+                    ppid = int(file.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            parents.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        children = parents.get(todo.pop(), [])
+        found += children
+        todo += children
+    return found
+
+
+def _end_tree(process: "subprocess.Popen[str]") -> None:
+    """End ``process`` and every process below it: torchrun starts its workers in sessions of their
+    own, so killing torchrun's process group alone would leave them running. SIGTERM first (torchrun
+    then stops its workers itself), SIGKILL for whatever is left after 5 s."""
+    import signal
+
+    tree = _descendants(process.pid)
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(5)
+        except Exception:  # noqa: BLE001 (still running: killed below)
+            pass
+    for pid in tree + [process.pid]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    if process.poll() is None:
+        process.wait(5)
+
+
+def run_command(command: Sequence[str], timeout: float = 600.0) -> "subprocess.CompletedProcess[str]":
+    """Run ``command`` (e.g. ``torchrun ...``) in a session of its own and return its output; raise
+    ``RankFailed`` with the end of its error output if it fails. Every process of that session
+    (torchrun and its workers) is ended in a ``finally``, also on a time-out or an interrupt:
+    killing torchrun alone would leave its workers running."""
+    import subprocess
+
+    process = subprocess.Popen(list(command), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)
+    try:
+        out, err = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise RanksTimedOut(f"{' '.join(command[:3])} ... did not finish within {timeout:g} s and was "
+                            "stopped") from None
+    finally:
+        _end_tree(process)
+    if process.returncode != 0:
+        tail = "\n".join(err.strip().splitlines()[-15:])
+        raise RankFailed(f"the command ended with exit code {process.returncode}:\n{tail}")
+    return subprocess.CompletedProcess(list(command), process.returncode, out, err)

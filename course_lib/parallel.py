@@ -36,7 +36,8 @@ __all__ = [
     "accumulate_gradients", "average_gradients", "ZeRO1AdamW", "CopyToParallel", "ReduceFromParallel",
     "copy_to_parallel", "reduce_from_parallel", "ColumnParallelLinear", "RowParallelLinear",
     "ParallelMLP", "tiny_gpt", "random_batches", "rank_share", "train_one_process", "train_replica",
-    "adamw_state_bytes", "fsdp_expected_bytes", "ddp_bucket_timeline", "ENGINES",
+    "adamw_state_bytes", "fsdp_expected_bytes", "ddp_bucket_timeline", "ENGINES", "precision_run",
+    "saved_activation_bytes", "load_precision_runs",
 ]
 
 
@@ -393,3 +394,85 @@ def ddp_bucket_timeline(rank: int, world_size: int, bucket_cap_mb: float, steps:
                   "backward_ms": (end - start) * 1e3}
         ddp.zero_grad()
     return result
+
+
+# --- 5. lower precision and recomputation --------------------------------------------------------
+
+def precision_run(corpus: Any, seed: int, steps: int, bf16: bool) -> dict[str, Any]:
+    """Lesson 09's recipe (``COURSE``: 1 layer, batch 32, AdamW, warm-up + cosine, clipping, the
+    same model and batches as ``train_lm`` with this seed), shortened to ``steps`` steps, in float32
+    or with the forward pass and the loss under CPU bf16 autocast (matrix products in bf16; the
+    weights, their gradients and AdamW stay float32). Returns the per-step losses and the seconds
+    per step (steps 2 on)."""
+    from dataclasses import replace
+
+    from .lm_training import COURSE, lm_optimizer, warmup_cosine
+
+    recipe = replace(COURSE, num_steps=steps, warmup=max(1, steps // 10))
+    torch.manual_seed(seed)
+    model = GPT(recipe.config(len(corpus.vocab)))
+    optimizer = lm_optimizer(model, recipe.lr, recipe.betas, recipe.weight_decay)
+    ratio = recipe.min_lr / recipe.lr
+    gen = torch.Generator().manual_seed(seed)
+    losses, start = [], 0.0
+    for step in range(steps):
+        if step == 1:
+            start = time.perf_counter()
+        for group in optimizer.param_groups:
+            group["lr"] = recipe.lr * warmup_cosine(step, recipe.warmup, steps, ratio)
+        x, y = corpus.train_batch(recipe.batch_size, recipe.block_size, gen)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            loss = lm_loss(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.max_grad_norm)
+        optimizer.step()
+        losses.append(loss.item())
+    seconds = (time.perf_counter() - start) / max(1, steps - 1)
+    return {"losses": losses, "seconds_per_step": seconds}
+
+
+def saved_activation_bytes(model: nn.Module, ids: torch.Tensor, checkpoint: bool) -> int:
+    """Bytes of the tensors autograd keeps for backward during ``lm_loss(model(ids), targets)``,
+    with or without activation checkpointing of every block (``torch.utils.checkpoint``: a block
+    keeps only its input and recomputes the rest in backward). Counted by a saved-tensors hook, so
+    the number is exact and the same on every machine (weights saved for backward are left out)."""
+    from torch.utils.checkpoint import checkpoint as run_checkpointed
+
+    parameters = {p.data_ptr() for p in model.parameters()}
+    seen: dict[tuple[int, int], int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if t.data_ptr() not in parameters:
+            seen[(t.data_ptr(), t.numel())] = t.numel() * t.element_size()
+        return t
+
+    x_ids, targets = ids[:, :-1], ids[:, 1:]
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        T = x_ids.size(1)
+        from .masks import causal_mask
+
+        x = model.embed(x_ids)  # (B, T, d)
+        mask = causal_mask(T, ids.device)
+        for layer in model.blocks.layers:
+            x = (run_checkpointed(layer, x, mask, use_reentrant=False) if checkpoint
+                 else layer(x, mask))  # (B, T, d)
+        loss = lm_loss(model.lm_head(model.blocks.norm(x)), targets)
+    loss.backward()
+    return sum(seen.values())
+
+
+def load_precision_runs(path: str | None = None) -> dict[str, Any]:
+    """The stored precision runs (``scripts/precision_runs.py``) of this machine's float path, or of
+    the first path stored if this one has none (the runs are used for their shape, not bit for
+    bit). Returns ``{"path", "steps", "runs": {"float32/0": {"losses", "seconds_per_step"}, ...}}``."""
+    import json
+    from pathlib import Path
+
+    file = Path(__file__).resolve().parent / "results" / "precision_runs.json"
+    if not file.exists():
+        raise FileNotFoundError(f"{file.name} is missing: run `python scripts/precision_runs.py`")
+    stored = json.loads(file.read_text())
+    wanted = path or torch.backends.cpu.get_cpu_capability().lower()
+    name = wanted if wanted in stored else sorted(stored)[0]
+    return {"path": name, **stored[name]}

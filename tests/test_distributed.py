@@ -233,3 +233,49 @@ def test_torchrun_on_two_processes_equals_one_process_and_ends_everything(tmp_pa
     left = [p for p in psutil.process_iter(["environ"])
             if (p.info.get("environ") or {}).get("COURSE_TEST_MARKER") == marker]
     assert left == [], f"torchrun left {left}"
+
+
+def test_ddp_benchmark_prints_its_two_lines(monkeypatch, capsys):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_ddp", ROOT / "benchmarks" / "ddp.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    fake = {1: {"tokens_per_s": 1000.0, "losses": [4.4, 3.0]}, 2: {"tokens_per_s": 1800.0, "losses": [4.4, 3.0]}}
+    monkeypatch.setattr(bench, "throughput", lambda n, threads, steps, folder: fake[n])
+    bench.main(["--processes", "2", "--steps", "2"])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("ddp: 2 processes x ") and "1,800 tokens/s vs 1,000 for one (efficiency 0.90)" in lines[0]
+    gap = float(lines[0].rsplit("within ", 1)[1])
+    assert gap <= 1e-15
+    assert lines[1].startswith("bytes per rank") and "ZeRO-1 225/225" in lines[1] and "FSDP 113/112" in lines[1]
+
+
+def test_run_command_ends_torchrun_and_its_workers_on_a_time_out(tmp_path):
+    from course_lib.launch import run_command
+
+    marker = uuid.uuid4().hex
+    script = tmp_path / "sleeper.py"
+    script.write_text(f"import time\nMARKER = '{marker}'\ntime.sleep(600)\n")
+    with pytest.raises(RanksTimedOut, match="did not finish within 20 s"):
+        run_command([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                     str(script)], timeout=20)
+    left = [p for p in psutil.process_iter(["cmdline"]) if str(script) in " ".join(p.info["cmdline"] or [])]
+    assert left == [], f"left running: {left}"
+
+
+def test_stored_precision_runs_and_checkpointing():
+    from course_lib.parallel import load_precision_runs
+
+    stored = load_precision_runs()
+    for seed in range(3):
+        f32, bf16 = stored["runs"][f"float32/{seed}"], stored["runs"][f"bf16/{seed}"]
+        assert len(f32["losses"]) == len(bf16["losses"]) == stored["steps"]
+        assert abs(f32["losses"][-1] - bf16["losses"][-1]) < 0.1
+        assert f32["losses"][0] == pytest.approx(bf16["losses"][0], abs=0.01)
+    model = tiny_gpt(0, torch.float32, d_model=64, max_len=32, num_layers=3)
+    ids = torch.randint(0, 67, (4, 33), generator=torch.Generator().manual_seed(0))
+    from course_lib.parallel import saved_activation_bytes
+
+    plain, checkpointed = saved_activation_bytes(model, ids, False), saved_activation_bytes(model, ids, True)
+    assert checkpointed < 0.25 * plain

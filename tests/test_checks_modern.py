@@ -1405,3 +1405,45 @@ def test_every_lesson_11_checker_accepts_decorated_solutions(decorator):
         (check_swiglu, decorated_forward(_solution("11.swiglu")["MySwiGLU"])),
     ]:
         assert passes(check, answer), check.__name__
+
+
+def test_fourth_tryout_mistakes_are_named():
+    """h11's fourth tryout (1 of 6 named before; a (1, t+1).triu mask is all True, and passes)."""
+    with pytest.raises(CheckFailure, match="the gain applied before normalising"):
+        check_rmsnorm(_rmsnorm(lambda x, w, e: (x * w) / torch.sqrt(_ms(x * w) + e)))
+    with pytest.raises(CheckFailure, match="the mean of x, not of its squares"):
+        check_rmsnorm(_rmsnorm(lambda x, w, e: x / torch.sqrt(x.mean(-1, keepdim=True) + e) * w))
+
+    def table(cat_dim=-1, split_dim=-1):
+        def apply_rope(x, positions, base=10000.0):
+            hd = x.size(-1)
+            a = positions[:, None].float() * base ** (-torch.arange(0, hd, 2).float() / hd)
+            c, s = torch.cat([a.cos()] * 2, cat_dim), torch.cat([a.sin()] * 2, cat_dim)
+            x1, x2 = x.chunk(2, dim=split_dim)
+            return x * c + torch.cat([-x2, x1], split_dim) * s
+
+        return apply_rope
+
+    with pytest.raises(CheckFailure, match="meets one of head_dim/2 = 4"):
+        check_apply_rope(table(cat_dim=0))
+    with pytest.raises(CheckFailure, match="halves taken along the positions"):
+        check_apply_rope(table(split_dim=-2))
+
+    ns = _decode_solution()
+    apply_rope, attend = ns["apply_rope"], ns["grouped_query_attention"]
+
+    def step(q_at, mask=None):
+        def rope_decode_step(layer, x_t, t, cache):
+            kv = layer.num_kv_heads
+            q = apply_rope(layer.split_heads(layer.q_proj(x_t)), torch.tensor([q_at(t)]))
+            k = apply_rope(layer.split_heads(layer.k_proj(x_t), kv), torch.tensor([t]))
+            v = layer.split_heads(layer.v_proj(x_t), kv)
+            if cache is not None:
+                k, v = torch.cat([cache[0], k], 2), torch.cat([cache[1], v], 2)
+            return layer.out_proj(layer.merge_heads(attend(q, k, v, mask and mask(t)))), (k, v)
+
+        return rope_decode_step
+
+    with pytest.raises(CheckFailure, match="turned at different positions"):
+        check_rope_decode(step(lambda t: t + 1))
+    assert passes(check_rope_decode, step(lambda t: t, lambda t: torch.ones(1, t + 1, dtype=torch.bool).triu()))

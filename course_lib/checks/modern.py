@@ -813,6 +813,14 @@ def _rms_mistakes(eps: float) -> list[Mistake]:
                 "mean(|x|) is not the root mean square: square, take the mean, then the root, "
                 "sqrt(mean(x**2) + eps)",
                 lambda x, w: x / (x.abs().mean(-1, keepdim=True) + eps) * w),
+        Mistake("the gain applied before normalising",
+                "you normalise x * weight, which divides the gain back out: normalise x first, then "
+                "multiply by weight, x / sqrt(mean(x**2) + eps) * weight",
+                lambda x, w: (x * w) / torch.sqrt((x * w).pow(2).mean(-1, keepdim=True) + eps)),
+        Mistake("the mean of x, not of its squares",
+                "sqrt(mean(x) + eps) takes the mean of the numbers themselves; the root mean square "
+                "squares them first, sqrt(mean(x**2) + eps)",
+                lambda x, w: x / torch.sqrt(x.mean(-1, keepdim=True) + eps) * w),
         Mistake("the root mean square itself returned, not x divided by it",
                 "your output is sqrt(mean(x**2) + eps) * weight, the same for every number of a "
                 "vector: RMSNorm returns x divided by it, x / sqrt(mean(x**2) + eps) * weight",
@@ -1215,6 +1223,11 @@ def _apply_rope_mistakes(base: float) -> list[Mistake]:
                 "head_dim/2",
                 lambda x, p: (lambda y: torch.cat([y[..., x.size(-1) // 2:], y[..., : x.size(-1) // 2]],
                                                   -1))(_turn_halves(x, right(p, x.size(-1))))),
+        Mistake("the halves taken along the positions, not the head dimension",
+                "your output at one position depends on x at other positions: x.chunk(2, dim=-2) "
+                "splits the L rows; a plane's two numbers are both in one row's head_dim numbers",
+                lambda x, p: (lambda c, s_: x * c + torch.cat([-x.chunk(2, -2)[1], x.chunk(2, -2)[0]],
+                                                              -2) * s_)(*_cat_table(right(p, x.size(-1))))),
         Mistake("the angle table transposed, (head_dim/2, L)",
                 "positions[None, :] * theta[:, None] gives row i = plane i and column j = position "
                 "j, the transpose of what x needs (it runs when L = head_dim/2, and raises a size "
@@ -1311,6 +1324,13 @@ def check_apply_rope(fn: Callable[..., Any]) -> None:
                 raise CheckFailure(_one_head_dim_rope(fn, n)) from failed
             if not seen and _no_outer_probe(fn, base):
                 raise CheckFailure(_no_outer_probe(fn, base)) from failed
+            hd = shape[-1]
+            if f"({hd})" in str(failed) and f"({hd // 2})" in str(failed):
+                raise CheckFailure(
+                    f"Likely mistake ({case}): a tensor of head_dim = {hd} numbers per row meets one "
+                    f"of head_dim/2 = {hd // 2}. {str(failed).split('. x is')[0]}. Parts of head_dim/2 "
+                    "numbers joined along another dim than the last (torch.cat's default is dim 0) "
+                    "still have head_dim/2 numbers per row.") from failed
             raise failed
         if seen:
             raise CheckFailure("Your function calls a library's rotary code (course_lib's or Hugging "
@@ -1377,7 +1397,9 @@ def _decode_step64(layer: MultiHeadAttention, x_t: torch.Tensor, t: int, cache: 
     v = _heads64(layer, "v_proj", x_t, kv)
     pos = {"pos0": 0, "one_based": t + 1, "minus_one": t - 1}.get(knob, t)
     if knob != "q_unturned":
-        q = _turn_at(q, pos, base)
+        q = _turn_at(q, {"q_next": t + 1, "k_next": t}.get(knob, pos), base)
+    if knob == "k_next":
+        pos = t + 1
     k_raw = k
     if knob not in ("k_unturned", "whole_at_t", "turned_twice", "turned_twice_all"):
         k = _turn_at(k, pos, base)
@@ -1433,6 +1455,12 @@ _DECODE_MISTAKES = [
     ("minus_one", "the new query and key turned at position t - 1",
      "t - 1 is the position of the last cached token; the new token comes after the t cached ones "
      "(positions 0..t-1), at position t"),
+    ("q_next", "the new query and its key turned at different positions",
+     "the query is turned by t + 1 and the new key by t: both belong to the newest token, at "
+     "position t"),
+    ("k_next", "the new query and its key turned at different positions",
+     "the query is turned by t and the new key by t + 1: both belong to the newest token, at "
+     "position t"),
     ("pos0", "the new query and key turned at position 0",
      "your scores are those of a new query and key at position 0 (unturned) against cached keys at "
      "0..t-1 (the same scores come from turning every key once more by t). The new token sits at "

@@ -90,8 +90,9 @@ def grouped_query_attention(q, k, v, mask=None):
 
 # %% solution 11.rope_decode
 def rope_decode_step(layer, x_t, t, cache):
-    """One step: x_t (B, 1, d_model) at position t; cache (k, v) of positions 0..t-1 or None.
-    Returns (out (B, 1, d_model), (k, v) of positions 0..t)."""
+    """One step: x_t (B, 1, d_model) at position t (positions count from 0); cache (k, v) of
+    positions 0..t-1, keys turned by their own positions, or None. Returns (out (B, 1, d_model),
+    (k, v) of positions 0..t, in the same form)."""
     h, kv = layer.num_heads, layer.num_kv_heads
     q = layer.split_heads(layer.q_proj(x_t))  # (B, h, 1, hd)
     k = layer.split_heads(layer.k_proj(x_t), kv)  # (B, kv, 1, hd)

@@ -77,7 +77,7 @@ def test_induction_score_styles_pass(fn):
 
 def test_induction_score_solution_passes(capsys):
     assert passes(check_induction_score, _solution("12.induction_score")["my_induction_score"])
-    assert "check_induction_score: all 4 cases" in capsys.readouterr().out
+    assert "check_induction_score: all 5 cases" in capsys.readouterr().out
 
 
 def _diag(p, n):
@@ -99,6 +99,13 @@ def _diag(p, n):
     (lambda p, n: _diag(p, 5)[..., 1:].mean(dim=(0, 2)), r"Only works for one length: right with "
                                                          r"length n = \[5\]"),
     (lambda p, n: _diag(p, n)[..., 1:].mean(dim=(0, 2)) + 0.01, "largest difference 0.01"),
+    (lambda p, n: _diag(p, n)[..., 1:].sum(dim=-1).mean(0) / (2 * n), "divided by all 2n query"),
+    (lambda p, n: _diag(p, 20)[..., 1:].mean(dim=(0, 2)), r"Only works for one length: right with "
+                                                          r"length n = \[20\], wrong with n = 5"),
+    (lambda p, n: p[:, :, torch.arange(20, 40), torch.arange(1, 21)].mean(dim=(0, 2)),
+     r"Only works for one length: right with length n = \[20\]"),
+    # right on random patterns up to 1e-3 of rounding, wrong on exact 1/0 heads: the exact case
+    (lambda p, n: _diag(p, n)[..., 1:].clamp(max=0.999).mean(dim=(0, 2)), "exactly 1"),
 ])
 def test_induction_score_mistakes_are_named(fn, words):
     with pytest.raises(CheckFailure, match=words):
@@ -258,7 +265,7 @@ def test_ablation_hook_styles_pass(fn):
 def test_ablation_hook_solution_passes(capsys):
     assert passes(check_ablation_hook, _solution("12.ablation_hook")["my_ablation_hook"])
     out = capsys.readouterr().out
-    assert "check_ablation_hook: all 6 cases" in out and "in place" not in out
+    assert "check_ablation_hook: all 9 cases (4, 2 and 3 heads" in out and "in place" not in out
 
 
 @pytest.mark.parametrize("returns", ["none", "tensor"])
@@ -266,7 +273,7 @@ def test_ablation_hook_in_place_passes_with_a_note(returns, capsys):
     """Changing args[0] in place works in this model: accepted, with a note to clone instead."""
     assert passes(check_ablation_hook, ablation_variant(in_place=True, returns=returns))
     out = capsys.readouterr().out
-    assert "all 6 cases" in out and "changes args[0], the tensor PyTorch passed in, in place" in out
+    assert "all 9 cases" in out and "changes args[0], the tensor PyTorch passed in, in place" in out
 
 
 def test_ablation_hook_head_dim_written_in_is_named():
@@ -405,25 +412,45 @@ def test_patching_hook_styles_pass(fn):
 
 def test_patching_hook_solution_passes(capsys):
     assert passes(check_patching_hook, _solution("12.patching_hook")["my_patching_hook"])
-    assert "check_patching_hook: all 5 cases" in capsys.readouterr().out
+    assert "check_patching_hook: all 9 cases (4, 2 and 3 heads)" in capsys.readouterr().out
+
+
+def _code(text: str) -> list[str]:
+    """The lines of ``text`` without comments (whole-line or trailing) and blank lines."""
+    lines = [line.split("  #")[0].rstrip() for line in text.splitlines()]
+    return [line for line in lines if line.strip() and not line.strip().startswith("#")]
 
 
 def test_patching_hook_solution_is_the_bug_fixed():
-    """The solution is the given code plus the return line (and its comment)."""
-    fixed = solution_source("12.patching_hook").splitlines()
-    bug = PATCHING_HOOK_BUG.splitlines()
-    assert [line for line in fixed if line not in bug and not line.strip().startswith("#")] == [
-        "        return z.view(B, T, -1)  # (B, T, h * hd): the shape out_proj expects"]
+    """The solution is the given code with one line changed: `if position is not None:`."""
+    fixed, bug = _code(solution_source("12.patching_hook")), _code(PATCHING_HOOK_BUG)
+    assert [line for line in fixed if line not in bug] == ["        if position is not None:"]
+    assert [line for line in bug if line not in fixed] == ["        if position:"]
 
 
 def test_patching_hook_bug_is_observed_not_given_away():
     with pytest.raises(CheckFailure) as failure:
         check_patching_hook(_bug()["my_patching_hook"])
     message = str(failure.value)
-    first = message.split(". ")[0]
-    assert "the patched run's output equals the unpatched run's" in message.lower()
-    assert "the patch never reached out_proj" in message
-    assert "return" not in first.lower() and "None" not in message
+    assert "With position=0 your hook changed the corrupted run as if no position were given" in message
+    assert "is not None" not in message and "falsy" not in message and "truth" not in message
+
+
+def test_the_bug_passes_every_case_but_position_zero():
+    """The bug is right wherever position is None or positive: only position 0 shows it."""
+    from course_lib.checks import inside
+
+    model = _random_model(seed=3)
+    x = repeated_tokens(2, 5, model.config.vocab_size, torch.Generator().manual_seed(1))
+    z = interp.head_outputs(model, x)[1]
+    bug = _bug()["my_patching_hook"]
+    for position in (None, 1, 4):
+        with interp.hooked(model, 1, bug(2, 4, z, position)):
+            got = model(x)
+        with interp.hooked(model, 1, interp.patching_hook(2, 4, z, position)):
+            expected = model(x)
+        torch.testing.assert_close(got, expected)
+    assert inside._POSITION_ZERO
 
 
 @pytest.mark.parametrize("fn, words", [
@@ -653,3 +680,123 @@ def test_every_exercise_has_a_solution_to_show(capsys):
     for key in keys:
         show_solution(key)
         assert f"# Solution {key}" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------------------------
+# Issue 39's learner tryout: each finding, fixed
+# ----------------------------------------------------------------------------------------------
+
+
+def _four_heads_written_in(head, num_heads, mean=None):
+    def hook(module, args):
+        z = args[0].clone().view(*args[0].shape[:2], 4, -1)  # 4 written in
+        z[:, :, head] = 0.0 if mean is None else mean
+        return z.view(args[0].shape)
+    return hook
+
+
+def _four_heads_patch(head, num_heads, clean, position=None):
+    def hook(module, args):
+        z = args[0].clone().view(*args[0].shape[:2], 4, -1)  # 4 written in
+        where = slice(None) if position is None else position
+        z[:, where, head] = clean[:, where, head]
+        return z.view(args[0].shape)
+    return hook
+
+
+def test_a_hook_that_ignores_num_heads_fails_both_checkers():
+    with pytest.raises(CheckFailure, match=r"right for the lesson's 4 heads but not for 2 heads"
+                                           r"|number of heads is written in as 4"):
+        check_ablation_hook(_four_heads_written_in)
+    with pytest.raises(CheckFailure, match=r"right for the lesson's 4 heads but not for 2 heads"):
+        check_patching_hook(_four_heads_patch)
+
+
+def test_if_mean_on_a_tensor_is_named():
+    def truthy(head, num_heads, mean=None):
+        def hook(module, args):
+            z = args[0].clone().view(*args[0].shape[:2], num_heads, -1)
+            z[:, :, head] = mean if mean else 0.0  # the bug: the truth of a tensor
+            return z.view(args[0].shape)
+        return hook
+
+    with pytest.raises(CheckFailure, match=r"asked for the truth of a tensor.*mean is None"):
+        check_ablation_hook(truthy)
+
+
+def test_subtracting_the_mean_is_named():
+    def subtracts(head, num_heads, mean=None):
+        def hook(module, args):
+            z = args[0].clone().view(*args[0].shape[:2], num_heads, -1)
+            if mean is None:
+                z[:, :, head] = 0.0
+            else:
+                z[:, :, head] -= mean
+            return z.view(args[0].shape)
+        return hook
+
+    with pytest.raises(CheckFailure, match="the mean is subtracted"):
+        check_ablation_hook(subtracts)
+
+
+def test_an_in_place_patching_hook_gets_the_same_note_as_the_ablation_hook(capsys):
+    assert passes(check_patching_hook, patching_in_place)
+    out = capsys.readouterr().out
+    assert "all 9 cases" in out and "changes args[0], the tensor PyTorch passed in, in place" in out
+
+
+def _table_with(patch_from=None, crop_clean=True, formula=None):
+    """The solution's table, with one tryout mistake: patch only from position ``patch_from`` on,
+    read the clean run on the uncropped input, or another ``formula(low, high, patched)``."""
+
+    def table(model, clean, corrupted):
+        num_layers, h = model.config.num_layers, model.config.num_heads
+        n = clean.size(1) // 2
+
+        def loss(ids, layer=None, hook=None):
+            if hook is None:
+                logits = model(ids[:, :-1])
+            else:
+                with interp.hooked(model, layer, hook):
+                    logits = model(ids[:, :-1])
+            return F.cross_entropy(logits[:, n - 1:].transpose(1, 2), clean[:, n:]).item()
+
+        zs = interp.head_outputs(model, clean[:, :-1] if crop_clean else clean)
+        low, high = loss(corrupted), loss(clean)
+        out = torch.zeros(num_layers, h)
+        for layer in range(num_layers):
+            for head in range(h):
+                def hook(module, args, layer=layer, head=head):
+                    z = args[0].clone().view(*args[0].shape[:2], h, -1)
+                    where = slice(None) if patch_from is None else slice(patch_from(n), None)
+                    z[:, where, head] = zs[layer][:, where, head]
+                    return z.view(args[0].shape)
+                x = loss(corrupted, layer, hook)
+                out[layer, head] = (formula or (lambda lo, hi, p: (lo - p) / (lo - hi)))(low, high, x)
+        return out
+
+    return table
+
+
+@pytest.mark.parametrize("fn, words", [
+    (_table_with(), None),
+    (_table_with(patch_from=lambda n: n - 1), r"only positions n-1 \.\. 2n-2 are patched"),
+    (_table_with(formula=lambda lo, hi, p: 1 - p / lo), r"1 - patched / corrupted"),
+    (_table_with(crop_clean=False), r"two lengths meet: 2n = 24 positions .* and 2n-1 = 23"),
+])
+def test_patching_table_tryout_mistakes_are_named(fn, words):
+    if words is None:
+        assert passes(check_patching_table, fn)
+        return
+    with pytest.raises(CheckFailure, match=words):
+        check_patching_table(fn)
+
+
+def test_patching_table_uncropped_logits_are_named():
+    def uncropped(model, clean, corrupted):
+        n = clean.size(1) // 2
+        logits = model(corrupted)  # (B, 2n, V): one too many
+        return F.cross_entropy(logits[:, n - 1:].transpose(1, 2), clean[:, n:])
+
+    with pytest.raises(CheckFailure, match=r"n \+ 1 = 13 predictions met n = 12 targets"):
+        check_patching_table(uncropped)

@@ -1,18 +1,21 @@
 """Checkers for the exercises of lesson 12 (inside a trained model: induction heads).
 
 * ``check_induction_score(fn)``: ``fn(pattern (B, h, 2n, 2n), length) -> (h,)``, the induction
-  score. Reference: ``interp.induction_score`` on random causal patterns (rows sum to 1), in float64.
+  score. Reference: ``interp.induction_score`` on random causal patterns (rows sum to 1) of four
+  lengths, in float64, and on one-hot heads that score exactly 1 and 0; a length written in is named.
 * ``check_predict_layers(prediction, model, ids)``: the Predict question "in which layer is the
   previous-token head, in which the induction heads?"; ``prediction`` is a function returning
   ``{"previous_token": layer, "induction": layer}`` (or that dict). The truth comes from
   ``interp.head_scores`` of ``model`` on ``ids = [r, r]``.
 * ``check_ablation_hook(fn)``: ``fn(head, num_heads, mean=None) -> hook``, a forward pre-hook for
   ``out_proj`` that zero- or mean-ablates one head. Reference: ``interp.ablation_hook``, compared
-  through a random attention-only GPT's logits.
+  through random attention-only GPTs' logits (4, 2 and 3 heads, batches of several shapes).
 * ``check_patching_hook(fn)``: ``fn(head, num_heads, clean (B, T, h, hd), position=None) -> hook``,
-  the fixed patching hook (the Debug exercise). Reference: ``interp.patching_hook``.
+  the fixed patching hook (the Debug exercise: the given hook tests ``if position:``, so position 0
+  patches every position). Reference: ``interp.patching_hook``.
 * ``check_patching_table(fn)``: ``fn(model, clean, corrupted) -> (num_layers, h)``, activation
-  patching. Reference: ``interp.patching_table`` on the trained checkpoint and a random model.
+  patching. Reference: ``interp.patching_table`` on the trained checkpoint and a random model; a
+  crash from runs of 2n and 2n - 1 positions is named.
 
 Every checker leaves the global random state as it was and removes every hook it registers.
 """
@@ -22,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import numbers
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -160,28 +164,53 @@ def _score_mistakes(pattern: torch.Tensor, n: int) -> list[tuple[str, torch.Tens
          d[..., 2:].mean(dim=(0, 2))),
         ("summed over the positions instead of averaging: the score is a mean weight, between 0 "
          "and 1", d[..., 1:].sum(dim=-1).mean(dim=0)),
+        ("divided by all 2n query positions, not by the n of the second copy (TransformerLens's "
+         "head_detector divides by every query's total attention, so a perfect induction head scores "
+         "0.5 there): average over the second copy's n queries only",
+         d[..., 1:].sum(dim=-1).mean(dim=0) / (2 * n)),
     ]
 
 
-def _score_case(fn: Callable[..., Any], n_case: int) -> tuple[torch.Tensor | None, torch.Tensor]:
-    B, h, n = _SCORE_CASES[n_case]
-    pattern = _random_pattern(B, h, n, seed=100 + n_case)
+def _exact_pattern(B: int, n: int) -> torch.Tensor:
+    """``(B, 3, 2n, 2n)`` one-hot patterns on [r, r] whose induction scores are exactly 1, 0 and 0:
+    head 0 attends from i to i - n + 1 (an induction head), head 1 to i - n (the same token: a
+    duplicate-token head), head 2 to i - 1 (a previous-token head); where the target does not exist,
+    a query attends to itself."""
+    T = 2 * n
+    pattern = torch.zeros(B, 3, T, T, dtype=torch.float64)
+    for head, back in enumerate((n - 1, n, 1)):
+        for i in range(T):
+            pattern[:, head, i, i - back if i - back >= 0 else i] = 1.0
+    return pattern
+
+
+_LENGTH_PROBES = (20, 4, 6, 10, 12, 16, 24)  # the lesson's n = 20 first: a number written in
+
+
+def _right_at(fn: Callable[..., Any], n: int) -> bool:
+    """Is ``fn`` right on a random (2, 3, 2n, 2n) pattern with length ``n``? (Errors: no.)"""
+    pattern = _random_pattern(2, 3, n, seed=500 + n)
     try:
         got = fn(pattern.float(), n)
     except (NotImplementedError, CheckFailure):
         raise
     except Exception:
-        got = None
-    return got, pattern
-
-
-def _right_on(fn: Callable[..., Any], n_case: int) -> bool:
-    try:
-        got, pattern = _score_case(fn, n_case)
-    except CheckFailure:
         return False
-    expected = interp.induction_score(pattern, _SCORE_CASES[n_case][2])
-    return isinstance(got, torch.Tensor) and _close(got.detach(), expected, 1e-5)
+    return isinstance(got, torch.Tensor) and _close(got.detach(), interp.induction_score(pattern, n), 1e-5)
+
+
+def _one_length(fn: Callable[..., Any], n: int, case: str, failure: CheckFailure | None = None
+                ) -> CheckFailure | None:
+    """A CheckFailure if ``fn`` is right at some other length than ``n`` (a number written in).
+    Not after ``failure`` was the time limit: the code would run again with no timer."""
+    if failure is not None and "ran for more than" in str(failure):
+        return None
+    right = [m for m in sorted({c[2] for c in _SCORE_CASES} | set(_LENGTH_PROBES))
+             if m != n and _right_at(fn, m)]
+    if not right:
+        return None
+    return CheckFailure(f"Only works for one length: right with length n = {right}, wrong with n = "
+                        f"{n} ({case}). Use the argument `length` instead of writing a number.")
 
 
 @checker
@@ -192,13 +221,19 @@ def check_induction_score(fn: Callable[..., Any]) -> None:
 
 def _check_induction_score(fn: Callable[..., Any]) -> None:
     _refuse_reference(fn, "the induction score")
-    for k, (B, h, n) in enumerate(_SCORE_CASES):
-        case = f"B={B}, {h} heads, length n={n}, a random causal pattern of {2 * n} positions"
-        pattern = _random_pattern(B, h, n, seed=100 + k)
+    cases = [(B, h, n, f"B={B}, {h} heads, length n={n}, a random causal pattern of {2 * n} positions",
+              _random_pattern(B, h, n, seed=100 + k)) for k, (B, h, n) in enumerate(_SCORE_CASES)]
+    cases.append((2, 3, 7, "B=2, 3 one-hot heads of length n=7 whose scores are exactly 1 (an "
+                  "induction head), 0 (a duplicate-token head) and 0 (a previous-token head)",
+                  _exact_pattern(2, 7)))
+    for B, h, n, case, pattern in cases:
         with calls_to([interp.induction_score]) as seen:
-            raw = _call(fn, pattern.float(), n, case=case,
-                        hint="Index the pattern (B, h, 2n, 2n) with the query positions "
-                        "i = n .. 2n-1 and the key positions i - n + 1.")
+            try:
+                raw = _call(fn, pattern.float(), n, case=case,
+                            hint="Index the pattern (B, h, 2n, 2n) with the query positions "
+                            "i = n .. 2n-1 and the key positions i - n + 1.")
+            except CheckFailure as failure:
+                raise (_one_length(fn, n, case, failure) or failure) from failure
         if seen:
             raise CheckFailure("Your function calls course_lib's interp.induction_score, the score "
                                "this exercise asks you to write: index the pattern yourself.")
@@ -209,26 +244,26 @@ def _check_induction_score(fn: Callable[..., Any]) -> None:
         if isinstance(raw, torch.Tensor) and tuple(raw.shape) == (B, h):
             raise CheckFailure(f"Wrong output shape ({case}): (B, h) = {(B, h)}, expected ({h},): "
                                "average over the batch too.")
-        got = _as_tensor(raw, (h,), f"the score ({case})",
-                         "One score per head: average over the batch and the positions.")
+        try:
+            got = _as_tensor(raw, (h,), f"the score ({case})",
+                             "One score per head: average over the batch and the positions.")
+        except CheckFailure as failure:  # e.g. NaN from an empty slice: a length written in?
+            raise (_one_length(fn, n, case, failure) or failure) from failure
         expected = interp.induction_score(pattern, n)
         if _close(got, expected, 1e-5):
             continue
         for message, wrong in _score_mistakes(pattern, n):
             if _close(got, wrong, 1e-5):
                 raise CheckFailure(f"Likely mistake ({case}): {message}.")
-        right = [_SCORE_CASES[m][2] for m in range(len(_SCORE_CASES))
-                 if m != k and _SCORE_CASES[m][2] != n and _right_on(fn, m)]
-        if right:
-            raise CheckFailure(f"Only works for one length: right with length n = {sorted(right)}, "
-                               f"wrong with n = {n} ({case}). Use the argument `length` instead of "
-                               "writing a number.")
+        written_in = _one_length(fn, n, case)
+        if written_in:
+            raise written_in
         raise CheckFailure(
             f"Output differs from course_lib's reference ({case}): largest difference "
             f"{(got.double() - expected).abs().max().item():.3g}. None of the usual mistakes explains "
             "it; print both for a small pattern (B=1, h=1, n=3) and compare step by step.")
-    print(f"check_induction_score: all {len(_SCORE_CASES)} cases match course_lib's reference. "
-          "Well done!")
+    print(f"check_induction_score: all {len(cases)} cases (random patterns of 4 lengths, and heads "
+          "that score exactly 1 and 0) match course_lib's reference. Well done!")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -377,6 +412,11 @@ def _run_with(model: GPT, ids: torch.Tensor, layer: int, hook: Any, case: str, h
                     f"Your hook returned a tensor of shape {tuple(got.shape)}, but out_proj's input "
                     f"has shape {wanted} ({case}): return it in the shape it came in, the heads side "
                     "by side (B, T, num_heads * head_dim), e.g. z.view(B, T, -1).") from err
+        if "Boolean value of Tensor" in str(err):
+            raise CheckFailure(
+                f"Your hook asked for the truth of a tensor ({case}): `if mean:` (or `if not mean`, "
+                "`mean or ...`) on a tensor of several numbers is refused by PyTorch. Whether an "
+                "argument was given is `mean is None` / `mean is not None`.") from err
         raise CheckFailure(f"Your hook raised {type(err).__name__} inside out_proj's forward "
                            f"({case}): {err}. {hint}") from err
     return out
@@ -408,9 +448,34 @@ def _replace_hook(change: Callable[[torch.Tensor], None]) -> Callable[..., Any]:
     return hook
 
 
+def _written_in_heads(h: int, hd: int, head: int, change: Callable[[torch.Tensor], None] | None = None
+                      ) -> list[tuple[str, Callable[[torch.Tensor], None]]]:
+    """The lesson's 4 heads written in where the model has ``h``: ``change(z4)`` on the (B, T, 4, -1)
+    view (default: head ``head`` zeroed)."""
+    d = h * hd
+    if h == 4 or d % 4 or head >= 4:
+        return []
+    change = change or (lambda z4: z4[:, :, head].zero_())
+    return [("the number of heads is written in as 4 (the lesson's model): this model has "
+             f"{h} heads of {hd} numbers; use the argument num_heads, so the hook fits any layer",
+             lambda z: change(z.view(*z.shape[:2], 4, -1)))]
+
+
+def _only_four_heads(failure: CheckFailure, h: int, case: str) -> CheckFailure:
+    """A failure in a case of ``h != 4`` heads after every 4-head case passed: say so."""
+    message = str(failure)
+    if "written in" in message:
+        return failure
+    return CheckFailure(
+        f"Your hook is right for the lesson's 4 heads but not for {h} heads ({case}): is a number of "
+        "heads or head_dim written in? Take num_heads from the argument and head_dim from the input, "
+        f"args[0].size(-1) // num_heads. What the checker saw: {message}")
+
+
 def _ablation_mistakes(model: GPT, ids: torch.Tensor, layer: int, head: int,
                        mean: torch.Tensor | None) -> list[tuple[str, torch.Tensor]]:
-    h, hd = _HOOK_HEADS, _HOOK_D_MODEL // _HOOK_HEADS
+    h = model.config.num_heads
+    hd = model.config.d_model // h
     fill = 0.0 if mean is None else mean
     variants: list[tuple[str, Callable[[torch.Tensor], None]]] = [
         ("interleaved slicing: z[..., head::num_heads] takes every num_heads-th number, but a head's "
@@ -435,10 +500,15 @@ def _ablation_mistakes(model: GPT, ids: torch.Tensor, layer: int, head: int,
         variants.append(("head_dim is written in as 32 (the lesson's model); compute it from the input, "
                          "head_dim = args[0].size(-1) // num_heads, so the hook fits any model",
                          lambda z: z[..., head * 32 : (head + 1) * 32].zero_()))
+    if mean is None:
+        variants += _written_in_heads(h, hd, head)
     if mean is not None:
         variants.append(("the mean is ignored: with `mean` given, the head's output becomes `mean` "
                          "(mean-ablation), not 0",
                          lambda z: z.view(*z.shape[:2], h, hd)[:, :, head].zero_()))
+        variants.append(("the mean is subtracted from the head's output: mean-ablation REPLACES the "
+                         "head's output by `mean`, so that nothing of this input's own output stays",
+                         lambda z: z.view(*z.shape[:2], h, hd)[:, :, head].sub_(mean)))
     found = []
     for message, change in variants:
         try:
@@ -448,10 +518,11 @@ def _ablation_mistakes(model: GPT, ids: torch.Tensor, layer: int, head: int,
     return found
 
 
-def _changes_its_input(hook: Any, model: GPT, layer: int) -> bool:
-    """Call ``hook`` on a tensor of out_proj's input shape: did it change that tensor in place?"""
+def _changes_its_input(hook: Any, model: GPT, layer: int, shape: tuple[int, int]) -> bool:
+    """Call ``hook`` on a tensor of out_proj's input shape ``(B, T, d_model)``: did it change that
+    tensor in place?"""
     gen = torch.Generator().manual_seed(11)
-    given = torch.randn(3, _HOOK_T, _HOOK_D_MODEL, generator=gen)  # (B, T, h * head_dim)
+    given = torch.randn(*shape, model.config.d_model, generator=gen)  # (B, T, h * head_dim)
     before = given.clone()
     try:
         hook(model.blocks.layers[layer].self_attn.out_proj, (given,))
@@ -460,8 +531,12 @@ def _changes_its_input(hook: Any, model: GPT, layer: int) -> bool:
     return not torch.equal(given, before)
 
 
-_ABLATION_CASES = [  # (layer, head, mean: None, "vector" (head_dim,) or "positions" (T, head_dim))
-    (0, 1, None), (1, 2, None), (1, 0, "vector"), (0, 3, None), (0, 2, "positions"), (1, 3, "vector"),
+# (num_heads, (B, T), layer, head, mean: None, "vector" (head_dim,) or "positions" (T, head_dim));
+# d_model 48: heads of 12 (4 heads), 24 (2) and 16 (3) numbers, so a number written in shows
+_ABLATION_CASES = [
+    (4, (3, 10), 0, 1, None), (4, (3, 10), 1, 2, None), (4, (2, 7), 1, 0, "vector"),
+    (4, (3, 10), 0, 3, None), (4, (1, 9), 0, 2, "positions"), (2, (4, 6), 1, 1, None),
+    (2, (2, 5), 0, 0, "positions"), (3, (3, 8), 1, 2, "vector"), (3, (1, 4), 0, 1, None),
 ]
 
 _UNCHANGED_ABLATION = (
@@ -469,57 +544,75 @@ _UNCHANGED_ABLATION = (
     "pre-hook changes what out_proj receives only if it returns the new input (a tensor or a "
     "1-tuple), or changes args[0] in place; a changed copy that is not returned is thrown away.")
 
+_IN_PLACE_NOTE = (
+    "One note: your hook changes args[0], the tensor PyTorch passed in, in place. That works here, "
+    "but other code may still hold that tensor (a hook that saved it, for one): change a clone, "
+    "z = args[0].clone(), and return it.")
+
 
 @checker
 def check_ablation_hook(fn: Callable[..., Any]) -> None:
     """Check ``fn(head, num_heads, mean=None) -> pre-hook`` against ``interp.ablation_hook``,
-    through a random attention-only GPT's logits (zero- and mean-ablation, both layers)."""
+    through random attention-only GPTs' logits: 4, 2 and 3 heads, batches of several shapes,
+    zero- and mean-ablation, both layers."""
     _no_raw_errors(_check_ablation_hook)(fn)
 
 
 def _check_ablation_hook(fn: Callable[..., Any]) -> None:
     _refuse_reference(fn, "the ablation hook")
-    model = _random_model(seed=12)
+    models = {h: _random_model(seed=12 + h, num_heads=h) for h in (4, 2, 3)}
     gen = torch.Generator().manual_seed(7)
-    ids = torch.randint(0, model.config.vocab_size, (3, _HOOK_T), generator=gen)  # (B, T)
-    hd = _HOOK_D_MODEL // _HOOK_HEADS
-    unhooked = model(ids)
     in_place = False
     try:
-        for layer, head, kind in _ABLATION_CASES:
+        for h, (B, T), layer, head, kind in _ABLATION_CASES:
+            model = models[h]
+            hd = model.config.d_model // h
+            ids = torch.randint(0, model.config.vocab_size, (B, T), generator=gen)  # (B, T)
+            unhooked = model(ids)
             mean = None
             if kind == "vector":
                 mean = torch.randn(hd, generator=gen)
             elif kind == "positions":
-                mean = torch.randn(_HOOK_T, hd, generator=gen)
+                mean = torch.randn(T, hd, generator=gen)
             what = ("zero-ablation" if mean is None else
                     f"mean-ablation with mean of shape {tuple(mean.shape)}")
-            case = (f"layer {layer}, head {head} of {_HOOK_HEADS}, head_dim {hd}, {what}, "
-                    f"input (3, {_HOOK_T}, {_HOOK_D_MODEL})")
-            args = (head, _HOOK_HEADS) if mean is None else (head, _HOOK_HEADS, mean.clone())
-            hook, got = _learner_hook_output(fn, args, interp.ablation_hook, model, ids, layer, case,
-                                             "Your function calls course_lib's interp.ablation_hook, "
-                                             "the hook this exercise asks you to write.")
-            with interp.hooked(model, layer, interp.ablation_hook(head, _HOOK_HEADS, mean)):
-                expected = model(ids)
-            if not _close(got, expected, 1e-5):
-                _hook_verdict(got, expected, unhooked,
-                              _ablation_mistakes(model, ids, layer, head, mean), case,
-                              _UNCHANGED_ABLATION)
-            in_place = in_place or _changes_its_input(hook, model, layer)
+            case = (f"layer {layer}, head {head} of {h}, head_dim {hd}, {what}, "
+                    f"input ({B}, {T}, {model.config.d_model})")
+            args = (head, h) if mean is None else (head, h, mean.clone())
+            try:
+                hook, got = _learner_hook_output(
+                    fn, args, interp.ablation_hook, model, ids, layer, case, "Your function calls "
+                    "course_lib's interp.ablation_hook, the hook this exercise asks you to write.")
+                with interp.hooked(model, layer, interp.ablation_hook(head, h, mean)):
+                    expected = model(ids)
+                if not _close(got, expected, 1e-5):
+                    _hook_verdict(got, expected, unhooked,
+                                  _ablation_mistakes(model, ids, layer, head, mean), case,
+                                  _UNCHANGED_ABLATION)
+            except CheckFailure as failure:
+                if h == 4 or "course_lib" in str(failure):
+                    raise
+                raise _only_four_heads(failure, h, case) from failure
+            in_place = in_place or _changes_its_input(hook, model, layer, (B, T))
     finally:
-        _remove_hooks(model)
-    print(f"check_ablation_hook: all {len(_ABLATION_CASES)} cases match course_lib's reference "
-          "(the model's logits with your hook). Well done!")
+        for model in models.values():
+            _remove_hooks(model)
+    print(f"check_ablation_hook: all {len(_ABLATION_CASES)} cases (4, 2 and 3 heads, several batch "
+          "shapes) match course_lib's reference (the model's logits with your hook). Well done!")
     if in_place:
-        print("One note: your hook changes args[0], the tensor PyTorch passed in, in place. That works "
-              "here, but other code may still hold that tensor (a hook that saved it, for one): "
-              "change a clone, z = args[0].clone(), and return it.")
+        print(_IN_PLACE_NOTE)
 
 
 # --- the patching hook (debug) ---------------------------------------------------------------
 
-_PATCH_CASES = [(0, 1, None), (1, 2, None), (1, 0, 4), (0, 3, 7), (1, 3, 0)]  # (layer, head, position)
+# (num_heads, layer, head, position): d_model 48, heads of 12, 24 and 16 numbers
+_PATCH_CASES = [(4, 0, 1, None), (4, 1, 2, None), (4, 1, 0, 4), (4, 0, 3, 7), (4, 1, 3, 0),
+                (2, 1, 1, None), (2, 0, 0, 3), (3, 1, 2, None), (3, 0, 1, 0)]
+
+_POSITION_ZERO = (
+    "With position=0 your hook changed the corrupted run as if no position were given: head {head}'s "
+    "output was patched at every position ({case}). With position=4 and position=7 it patched only "
+    "that position. What does your hook do differently when position is 0?")
 
 _UNCHANGED_PATCH = (
     "The patched run's output equals the unpatched run's ({case}): the patch never reached "
@@ -530,7 +623,7 @@ _UNCHANGED_PATCH = (
 
 def _patch_mistakes(model: GPT, ids: torch.Tensor, layer: int, head: int, clean: torch.Tensor,
                     position: int | None) -> list[tuple[str, torch.Tensor]]:
-    h = _HOOK_HEADS
+    h = model.config.num_heads
     T = ids.size(1)
 
     def heads(z: torch.Tensor) -> torch.Tensor:
@@ -585,37 +678,52 @@ def check_patching_hook(fn: Callable[..., Any]) -> None:
 
 def _check_patching_hook(fn: Callable[..., Any]) -> None:
     _refuse_reference(fn, "the patching hook")
-    model = _random_model(seed=21)
     gen = torch.Generator().manual_seed(8)
     n = _HOOK_T // 2
-    clean_ids = repeated_tokens(3, n, model.config.vocab_size, gen)  # (3, 2n): [r, r]
-    other = torch.randint(0, model.config.vocab_size, (3, n), generator=gen)
-    corrupted = torch.cat([other, clean_ids[:, n:]], dim=1)  # [r', r]
-    clean_z = interp.head_outputs(model, clean_ids)  # per layer (B, T, h, hd)
-    unpatched = model(corrupted)
+    runs = {}  # num_heads -> (model, corrupted ids, clean head outputs, unpatched logits)
+    for h in (4, 2, 3):
+        model = _random_model(seed=21 + h, num_heads=h)
+        clean_ids = repeated_tokens(3, n, model.config.vocab_size, gen)  # (3, 2n): [r, r]
+        other = torch.randint(0, model.config.vocab_size, (3, n), generator=gen)
+        corrupted = torch.cat([other, clean_ids[:, n:]], dim=1)  # [r', r]
+        runs[h] = (model, corrupted, interp.head_outputs(model, clean_ids), model(corrupted))
+    in_place = False
     try:
-        for layer, head, position in _PATCH_CASES:
+        for h, layer, head, position in _PATCH_CASES:
+            model, corrupted, clean_z, unpatched = runs[h]
             where = "every position" if position is None else f"position={position}"
-            case = (f"layer {layer}, head {head} of {_HOOK_HEADS}, {where}, clean "
-                    f"{tuple(clean_z[layer].shape)}")
-            args = (head, _HOOK_HEADS, clean_z[layer].clone())
+            case = f"layer {layer}, head {head} of {h}, {where}, clean {tuple(clean_z[layer].shape)}"
+            args = (head, h, clean_z[layer].clone())
             if position is not None:
                 args += (position,)
-            _, got = _learner_hook_output(fn, args, interp.patching_hook, model, corrupted, layer, case,
-                                       "Your function calls course_lib's interp.patching_hook: fix "
-                                       "the given hook instead.")
-            with interp.hooked(model, layer, interp.patching_hook(head, _HOOK_HEADS, clean_z[layer],
-                                                                  position)):
-                expected = model(corrupted)
-            if _close(got, expected, 1e-5):
-                continue
-            _hook_verdict(got, expected, unpatched,
-                          _patch_mistakes(model, corrupted, layer, head, clean_z[layer], position),
-                          case, _UNCHANGED_PATCH)
+            try:
+                hook, got = _learner_hook_output(
+                    fn, args, interp.patching_hook, model, corrupted, layer, case, "Your function "
+                    "calls course_lib's interp.patching_hook: fix the given hook instead.")
+                with interp.hooked(model, layer, interp.patching_hook(head, h, clean_z[layer],
+                                                                      position)):
+                    expected = model(corrupted)
+                if not _close(got, expected, 1e-5) and position == 0:
+                    with interp.hooked(model, layer, interp.patching_hook(head, h, clean_z[layer])):
+                        everywhere = model(corrupted)
+                    if _close(got, everywhere, 1e-5):
+                        raise CheckFailure(_POSITION_ZERO.format(head=head, case=case))
+                if not _close(got, expected, 1e-5):
+                    _hook_verdict(got, expected, unpatched,
+                                  _patch_mistakes(model, corrupted, layer, head, clean_z[layer],
+                                                  position), case, _UNCHANGED_PATCH)
+            except CheckFailure as failure:
+                if h == 4 or "course_lib" in str(failure):
+                    raise
+                raise _only_four_heads(failure, h, case) from failure
+            in_place = in_place or _changes_its_input(hook, model, layer, tuple(corrupted.shape))
     finally:
-        _remove_hooks(model)
-    print(f"check_patching_hook: all {len(_PATCH_CASES)} cases match course_lib's reference (the "
-          "corrupted run's logits with your patch). Well done!")
+        for model, *_ in runs.values():
+            _remove_hooks(model)
+    print(f"check_patching_hook: all {len(_PATCH_CASES)} cases (4, 2 and 3 heads) match course_lib's "
+          "reference (the corrupted run's logits with your patch). Well done!")
+    if in_place:
+        print(_IN_PLACE_NOTE)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -684,7 +792,22 @@ def _table_mistakes(model: GPT, clean: torch.Tensor, corrupted: torch.Tensor) ->
 
     fraction = lambda low, high, x: (low - x) / (low - high)  # noqa: E731
     ref = table(second, patched, fraction)
+
+    def late_positions(l: int, k: int) -> Callable[..., Any]:  # only positions n-1 .. 2n-2 patched
+        def hook(module: Any, args: tuple) -> tuple:
+            z = args[0].clone().view(*args[0].shape[:2], h, -1)
+            z[:, n - 1:, k] = z_clean[l][:, n - 1:, k]
+            return (z.view(args[0].shape),)
+        return hook
+
+    late = [[logits(corrupted, l, late_positions(l, k)) for k in range(h)] for l in range(L)]
     return [
+        ("only positions n-1 .. 2n-2 are patched (the ones whose predictions are scored): patch the "
+         "head's output at every position; a later layer reads the earlier positions too",
+         table(second, late, fraction)),
+        ("the table holds 1 - patched / corrupted (the share of the corrupted loss removed); the share "
+         "of the GAP closed is (corrupted loss - patched loss) / (corrupted loss - clean loss)",
+         table(second, patched, lambda low, high, x: 1 - x / low)),
         ("not normalised: that is the raw drop in loss (nats); divide it by the whole gap, "
          "corrupted loss - clean loss, so that 1 means the head recovers all of it",
          table(second, patched, lambda low, high, x: low - x)),
@@ -723,6 +846,25 @@ def _table_mistakes(model: GPT, clean: torch.Tensor, corrupted: torch.Tensor) ->
     ]
 
 
+def _cropping(failure: CheckFailure, n: int, case: str) -> CheckFailure:
+    """A crash whose message names both 2n and 2n - 1 positions (or n + 1 and n predictions): the
+    runs were not all cropped to ``inputs[:, :-1]``; anything else stays as it was."""
+    numbers = set(re.findall(r"\d+", str(failure).split("):", 1)[-1]))
+    if {str(2 * n), str(2 * n - 1)} <= numbers:
+        what = ("two lengths meet: 2n = {a} positions (a run on the whole input) and 2n-1 = {b} "
+                "(a run on inputs[:, :-1])").format(a=2 * n, b=2 * n - 1)
+    elif {str(n + 1), str(n)} <= numbers:
+        what = (f"n + 1 = {n + 1} predictions met n = {n} targets: logits[:, n-1:] of a run on the "
+                "whole input (2n positions) reach one past the last target")
+    else:
+        return failure
+    return CheckFailure(f"Your code raised an error where {what} ({case}). Run the model on "
+                        "inputs[:, :-1] every time (the clean run that keeps the head outputs, the "
+                        "corrupted and the patched runs): position t predicts token t + 1, so the "
+                        "last token is never an input. What PyTorch said: "
+                        f"{str(failure).split(': ', 1)[-1]}")
+
+
 @checker
 def check_patching_table(fn: Callable[..., Any]) -> None:
     """Check ``fn(model, clean, corrupted) -> (num_layers, h)`` against ``interp.patching_table`` on
@@ -741,9 +883,12 @@ def _check_patching_table(fn: Callable[..., Any]) -> None:
             # interp.patching_table is wrapped by torch.no_grad, whose code every such wrapper
             # shares: watch the function inside
             with calls_to([inspect.unwrap(interp.patching_table)]) as seen, torch.enable_grad():
-                raw = _call(fn, model, clean.clone(), corrupted.clone(), case=case,
-                            hint="Run the clean model once to keep each layer's head outputs, then "
-                            "one corrupted run per head with a patching hook.")
+                try:
+                    raw = _call(fn, model, clean.clone(), corrupted.clone(), case=case,
+                                hint="Run the clean model once to keep each layer's head outputs, "
+                                "then one corrupted run per head with a patching hook.")
+                except CheckFailure as failure:
+                    raise _cropping(failure, n, case) from failure
             if seen:
                 raise CheckFailure("Your function calls course_lib's interp.patching_table, the "
                                    "table this exercise asks you to build.")

@@ -17,10 +17,11 @@ def my_patching_hook(head, num_heads, clean, position=None):
         z = args[0].clone()  # (B, T, h * hd): leave PyTorch's own tensor alone
         B, T, _ = z.shape
         z = z.view(B, T, num_heads, -1)  # (B, T, h, hd): one slice per head
-        if position is None:
-            z[:, :, head] = clean[:, :, head]
+        if position:
+            z[:, position, head] = clean[:, position, head]  # one position
         else:
-            z[:, position, head] = clean[:, position, head]
+            z[:, :, head] = clean[:, :, head]  # every position
+        return z.view(B, T, -1)  # (B, T, h * hd): the shape out_proj expects
 
     return hook
 '''
@@ -72,12 +73,12 @@ def my_patching_hook(head, num_heads, clean, position=None):
         z = args[0].clone()  # (B, T, h * hd): leave PyTorch's own tensor alone
         B, T, _ = z.shape
         z = z.view(B, T, num_heads, -1)  # (B, T, h, hd): one slice per head
-        if position is None:
-            z[:, :, head] = clean[:, :, head]
+        # The fix: `if position:` is False for position 0 (0 is falsy, like None), so position 0
+        # took the every-position branch. Only None means "every position": ask exactly that.
+        if position is not None:
+            z[:, position, head] = clean[:, position, head]  # one position
         else:
-            z[:, position, head] = clean[:, position, head]
-        # The fix: PyTorch keeps the original input unless the hook returns the new one. The
-        # clone was changed, never returned, and thrown away: the bug patched nothing.
+            z[:, :, head] = clean[:, :, head]  # every position
         return z.view(B, T, -1)  # (B, T, h * hd): the shape out_proj expects
 
     return hook

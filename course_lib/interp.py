@@ -28,7 +28,7 @@ from .gpt import GPT
 __all__ = ["attention_patterns", "previous_token_score", "duplicate_token_score", "induction_score",
            "head_scores", "loss_per_position", "head_outputs", "ablation_hook", "hooked",
            "ablated_loss", "ablation_table", "patching_hook", "patching_table", "key_path_ablation",
-           "direct_logit_attribution"]
+           "direct_logit_attribution", "full_ov_circuit", "copying_scores"]
 
 
 def _attentions(model: GPT) -> list[MultiHeadAttention]:
@@ -379,3 +379,42 @@ def direct_logit_attribution(model: GPT, ids: torch.Tensor, targets: torch.Tenso
                      for layer in model.blocks.layers)
     bias = out_biases + (model.lm_head.weight[targets] * norm.bias).sum(-1)  # (B, T)
     return {"embed": through(model.embed(ids)), "heads": head_part, "bias": bias}
+
+
+@torch.no_grad()
+def full_ov_circuit(model: GPT, layer: int, head: int) -> torch.Tensor:
+    """The full OV circuit of head ``layer.head`` (Elhage et al. 2021): ``(V, V)``, row ``a`` = what
+    the head adds to every logit when it attends to a position holding token ``a``, through
+    ``W_E W_V W_O W_U``. LayerNorm is folded in as a linear map: each embedding is centred, the
+    layer's ``norm1`` gain scales what ``W_V`` reads and the final norm's gain what ``W_U`` reads
+    (both norms' division by the stream's spread is left out, as in ARENA and TransformerLens's
+    folded weights); biases are left out."""
+    _check_model(model, "full_ov_circuit")
+    if not model.config.attn_only:
+        raise ValueError("full_ov_circuit: reads an attention-only model")
+    _check_index(layer, "layer", model.config.num_layers, "full_ov_circuit")
+    blocks = model.blocks.layers
+    attn = blocks[layer].self_attn
+    _check_index(head, "head", attn.num_heads, "full_ov_circuit")
+    hd, group = attn.head_dim, attn.num_heads // attn.num_kv_heads
+    w_e = model.embed.token.embedding.weight  # (V, d)
+    w_e = (w_e - w_e.mean(dim=-1, keepdim=True)) * blocks[layer].norm1.weight  # centred, scaled
+    kv = head // group  # the key/value head this query head reads (grouped-query attention)
+    w_v = attn.v_proj.weight[kv * hd : (kv + 1) * hd].T  # (d, hd)
+    w_o = attn.out_proj.weight[:, head * hd : (head + 1) * hd].T  # (hd, d)
+    w_u = model.lm_head.weight.T * model.blocks.norm.weight[:, None]  # (d, V)
+    return w_e @ w_v @ w_o @ w_u  # (V, V)
+
+
+def copying_scores(circuit: torch.Tensor) -> dict[str, float]:
+    """Two copying measures of a full OV circuit ``(V, V)``: ``"top1"``, the share of tokens whose
+    own logit is the largest in their row (1/V by chance for a random matrix), and ``"eigen"``,
+    the sum of the eigenvalues' real parts over the sum of their sizes, in [-1, 1] (1: every
+    eigenvalue positive, the map adds to its input; the Framework paper's copying score)."""
+    if not isinstance(circuit, torch.Tensor) or circuit.dim() != 2 or circuit.size(0) != circuit.size(1):
+        what = tuple(circuit.shape) if isinstance(circuit, torch.Tensor) else type(circuit).__name__
+        raise ValueError(f"copying_scores: circuit must be a square (V, V) tensor, got {what}")
+    circuit = circuit.double()
+    top1 = (circuit.argmax(dim=-1) == torch.arange(circuit.size(0))).double().mean().item()
+    eig = torch.linalg.eigvals(circuit)  # (V,) complex
+    return {"top1": top1, "eigen": (eig.real.sum() / eig.abs().sum()).item()}

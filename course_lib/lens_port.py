@@ -84,17 +84,20 @@ def _linear(layer: nn.Linear, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @torch.no_grad()
-def to_transformer_bridge(model: GPT):
+def to_transformer_bridge(model: GPT, permute_rotary: bool = True):
     """A ``TransformerBridge`` (TL-native model, compatibility mode, no weight processing, eval mode)
-    with ``model``'s weights and dtype. Its logits, ``hook_pattern`` and ``hook_z`` equal ours."""
+    with ``model``'s weights and dtype. Its logits, ``hook_pattern`` and ``hook_z`` equal ours.
+    ``permute_rotary=False`` skips the RoPE layout's permutation, only to see what goes wrong."""
     from transformer_lens import TransformerBridge
 
     model = _check_model(model, "to_transformer_bridge")
+    if not isinstance(permute_rotary, bool):
+        raise TypeError(f"to_transformer_bridge: permute_rotary must be True or False, got {permute_rotary!r}")
     c = model.config
     dtype = next(model.parameters()).dtype
     bridge = TransformerBridge.boot_native(bridge_config(model), dtype=dtype)
     h, kv, hd, d = c.num_heads, c.num_kv_heads, c.head_dim, c.d_model
-    layout = model.rotary.layout if c.positional == "rope" else "pairs"
+    layout = model.rotary.layout if c.positional == "rope" and permute_rotary else "pairs"
     perm = rotary_permutation(hd, layout)
 
     def per_head_rows(t: torch.Tensor, heads: int) -> torch.Tensor:  # rows (heads * hd, ...) permuted

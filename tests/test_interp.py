@@ -303,3 +303,48 @@ def test_loss_per_position_names_the_ids_given():
         interp.loss_per_position(model, torch.zeros(2, 1, dtype=torch.long))
     with pytest.raises(ValueError, match="integer tensor"):
         interp.loss_per_position(model, torch.zeros(2, 5))
+
+
+# --- the OV circuit ---
+
+
+def test_full_ov_circuit_equals_the_head_run_on_one_token_by_hand():
+    """Row a of the circuit = the head's direct effect on the logits when it attends only to a
+    position holding token a, with LayerNorm's spread taken as 1 (and biases left out)."""
+    model = random_model(num_heads=2, d_model=64, dtype=torch.float64)
+    attn, norm1 = model.blocks.layers[1].self_attn, model.blocks.layers[1].norm1
+    e = model.embed.token.embedding.weight[7]  # token 7
+    x = (e - e.mean()) * norm1.weight  # LayerNorm with spread 1, no bias
+    v = attn.v_proj.weight @ x  # (h * hd,)
+    z = torch.zeros_like(v)
+    z[32:] = v[32:]  # head 1 only
+    out = attn.out_proj.weight @ z  # (d,)
+    logits = model.lm_head.weight @ (out * model.blocks.norm.weight)  # (V,)
+    circuit = interp.full_ov_circuit(model, 1, 1)
+    assert circuit.shape == (64, 64)
+    torch.testing.assert_close(circuit[7], logits.detach(), atol=1e-10, rtol=1e-10)
+
+
+def test_copying_scores_of_known_maps():
+    assert interp.copying_scores(torch.eye(5) * 3) == {"top1": 1.0, "eigen": 1.0}
+    scores = interp.copying_scores(-torch.eye(5))
+    assert scores["top1"] == 0.0 and scores["eigen"] == -1.0
+    rotation = torch.tensor([[0.0, 1.0], [-1.0, 0.0]])  # eigenvalues +-i: no copying
+    assert abs(interp.copying_scores(rotation)["eigen"]) < 1e-12
+    with pytest.raises(ValueError, match="square"):
+        interp.copying_scores(torch.zeros(3, 4))
+
+
+def test_the_trained_induction_heads_copy_and_layer_0_does_not():
+    from course_lib.induction import load_checkpoint
+
+    model, _ = load_checkpoint()
+    for head in range(4):
+        ind = interp.copying_scores(interp.full_ov_circuit(model, 1, head))
+        assert ind["top1"] > 0.9 and ind["eigen"] > 0.9
+        control = interp.copying_scores(interp.full_ov_circuit(model, 0, head))
+        assert control["top1"] < 0.1 and control["eigen"] < 0
+    with pytest.raises(ValueError, match=r"head must be an int in 0 \.\. 3, got 4"):
+        interp.full_ov_circuit(model, 1, 4)
+    gqa = random_model(num_kv_heads=2)
+    assert interp.full_ov_circuit(gqa, 0, 3).shape == (64, 64)

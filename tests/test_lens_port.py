@@ -11,7 +11,7 @@ from torch import nn
 
 pytest.importorskip("transformer_lens")
 
-from course_lib import interp, lens_port  # noqa: E402
+from course_lib import interp  # noqa: E402
 from course_lib.gpt import GPT  # noqa: E402
 from course_lib.induction import induction_config, repeated_tokens  # noqa: E402
 from course_lib.lens_port import rotary_permutation, to_transformer_bridge  # noqa: E402
@@ -93,14 +93,15 @@ def test_grouped_query_attention_is_supported():
     assert_equal_to_bridge(random_model(num_kv_heads=1, seed=3), ids(), head=3)  # multi-query
 
 
-def test_without_the_rotary_permutation_the_logits_are_far_off(monkeypatch):
+def test_without_the_rotary_permutation_the_logits_are_far_off():
     """TransformerLens's native RoPE turns adjacent pairs; ours turns halves. Skipping the
     permutation gives no error, only other numbers: the lesson-11 pitfall."""
     model, x = random_model(), ids()
-    monkeypatch.setattr(lens_port, "rotary_permutation", lambda hd, layout="halves": torch.arange(hd))
-    bridge = to_transformer_bridge(model)
+    bridge = to_transformer_bridge(model, permute_rotary=False)
     with torch.no_grad():
         assert (bridge(x) - model(x)).abs().max() > 0.5
+    with pytest.raises(TypeError, match="permute_rotary must be True or False"):
+        to_transformer_bridge(model, permute_rotary="no")
 
 
 def test_rotary_permutation_pairs_each_plane():

@@ -400,8 +400,12 @@ def _check_flash_fix(fn: Callable[..., Any]) -> None:
             _FIX_SEEN["o"] += 1
             one_block = _one_head(*_fix_inputs(3), 16, "o")
             exact_alone = _max_diff(one_block, F.scaled_dot_product_attention(*_fix_inputs(3))) <= FIX_TOL
-            message = (f"Not yet ({case}): your output differs from exact attention by up to {diff:.3g}, "
-                       f"and each row's weights no longer add up to 1. With every key in one block "
+            ones = _call(fn, q, k, torch.ones(L_k, 1, dtype=q.dtype), block_k=block_k, case=case)
+            ones = _f64(ones).flatten() if isinstance(ones, torch.Tensor) else torch.ones(1)
+            message = (f"Not yet ({case}): your output differs from exact attention by up to {diff:.3g}. "
+                       "With every value equal to 1, attention must return 1 in every row (its weights "
+                       f"add up to 1); yours returns {ones.min().item():.3g} to {ones.max().item():.3g}. "
+                       f"With every key in one block "
                        f"(block_k >= L_k) the same loop is {'exact' if exact_alone else 'not exact'}; "
                        "with keys in several blocks, the rows whose largest score arrives in a later "
                        "block come out wrong.")

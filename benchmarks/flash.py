@@ -70,16 +70,16 @@ def main() -> None:
             continue
         runs[version, L] = measure.run_fresh(version, L)
     tiled, sdpa = runs["tiled", L0], runs["sdpa", L0]
-    mib = 2**20
+    mb = 1e6  # the line says MB: 10^6 bytes
     forward = tiled["forward_s"] / sdpa["forward_s"]
     backward = tiled["backward_s"] / sdpa["backward_s"]
     if ("naive", L0) in runs:
         naive = runs["naive", L0]["peak_bytes"]
-        print(f"flash: L={L0} peak memory tiled {tiled['peak_bytes'] / mib:.0f} MB vs naive "
-              f"{naive / mib:.0f} MB ({naive / tiled['peak_bytes']:.0f}× less); forward {forward:.1f}× "
+        print(f"flash: L={L0} peak memory tiled {tiled['peak_bytes'] / mb:.0f} MB vs naive "
+              f"{naive / mb:.0f} MB ({naive / tiled['peak_bytes']:.0f}× less); forward {forward:.1f}× "
               f"and backward {backward:.1f}× SDPA's time")
     else:
-        print(f"flash: L={L0} peak memory tiled {tiled['peak_bytes'] / mib:.0f} MB (naive not run); "
+        print(f"flash: L={L0} peak memory tiled {tiled['peak_bytes'] / mb:.0f} MB (naive not run); "
               f"forward {forward:.1f}× and backward {backward:.1f}× SDPA's time")
     reserved, held, written = paged_saving()
     print(f"paged KV cache: {len(MIXED_LENGTHS)} requests of {min(MIXED_LENGTHS)}-{max(MIXED_LENGTHS)} "

@@ -1640,7 +1640,7 @@ def check_rope_decode(fn: Callable[..., Any]) -> None:
                     "t + 1 rows.")
             expect_shape(out, (B, 1, d), f"out ({case}, t={t})",
                          "out is the layer's output for the new position: (B, 1, d_model).")
-            right_out, want_k, want_v = _decode_step64(layer, x_t, t, want, DECODE_BASE)
+            _, want_k, want_v = _decode_step64(layer, x_t, t, want, DECODE_BASE)  # the right cache
             if not _close64(out, expected[:, t : t + 1], atol=1e-4):
                 # Two mistakes can give the same scores (turning the new query and key at 0, or
                 # every key once more at t): the cache each returns tells them apart.

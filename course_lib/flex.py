@@ -4,8 +4,9 @@
 attention's variations as two small functions of indices instead of an ``(L_q, L_k)`` tensor:
 
 * ``mask_mod(b, h, q_idx, kv_idx) -> bool``: may query ``q_idx`` of sequence ``b``, head ``h``,
-  attend to key ``kv_idx``? ``create_block_mask`` evaluates it once per tile of 128 x 128 and keeps
-  only which tiles are empty, full or partial: the tiles FlashAttention may skip.
+  attend to key ``kv_idx``? ``create_block_mask`` evaluates it once at every pair of indices and keeps,
+  per tile of 128 x 128, only whether the tile is empty (skipped), full or partial; the kernel calls it
+  again inside the partial tiles.
 * ``score_mod(score, b, h, q_idx, kv_idx) -> score``: changes one scaled score before the softmax
   (a position bias such as ALiBi, or Gemma 2's soft-capping).
 

@@ -224,3 +224,28 @@ def test_bad_input_gets_a_clear_error(change, error, words):
     args.update(change)
     with pytest.raises(error, match=words):
         flash_attention(**args)
+
+
+def test_the_measurement_script_keeps_what_it_did_not_measure_again(tmp_path, monkeypatch):
+    """scripts/flash_memory.py: a partial run (--extras, or fewer lengths) keeps the stored runs of
+    the (version, L) and kinds it did not measure, and replaces the others."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    import course_lib.stored as stored
+
+    script = Path(__file__).resolve().parent.parent / "scripts" / "flash_memory.py"
+    spec = importlib.util.spec_from_file_location("flash_memory", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setattr(stored, "RESULTS_DIR", tmp_path)
+    old = [{"version": "naive", "L": 1024, "peak_bytes": 1}, {"version": "tiled", "L": 1024, "peak_bytes": 2},
+           {"kind": "profile", "shares": {"matmul": 0.5}}, {"kind": "flex", "flex": {"L": 1}}]
+    stored.save_runs("flash_memory", old, folder=tmp_path)
+    new = [{"version": "tiled", "L": 1024, "peak_bytes": 3}, {"kind": "flex", "flex": {"L": 2}}]
+    merged = module.keep_earlier(new)
+    assert merged == [old[0], new[0], old[2], new[1]]
+    one = module.measure_one("tiled", 256)  # in this process: the fields the lesson reads
+    assert set(one) == {"version", "L", "peak_bytes", "forward_s", "backward_s"}
+    assert json.loads(json.dumps(one)) == one

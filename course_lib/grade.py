@@ -26,7 +26,7 @@ from pathlib import Path
 
 from .grading.lessons import read_lessons
 from .grading.report import write_all
-from .grading.runner import Graded, Settings, configure_worker, grade_submission
+from .grading.runner import Graded, Settings, become_subreaper, configure_worker, end_processes, grade_submission
 
 
 def _submissions(args: list[str]) -> list[Path]:
@@ -103,6 +103,7 @@ def grade_all(paths: list[Path], settings: Settings, workers: int,
                     done(futures[future], future.result())
                 except Exception:  # noqa: BLE001 (a worker killed under a submission: BrokenProcessPool)
                     lost.append(futures[future])
+        end_processes(set())  # what a killed worker's kernels left behind was re-parented to us
         return lost
 
     lost = run(paths, workers)
@@ -149,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
                         scratch_root=scratch_root, hidden=hidden,
                         seed=secrets.randbits(30))  # the re-check's seeds: one fresh draw per batch
     start = time.monotonic()
+    become_subreaper()
     try:
         rows = grade_all(paths, settings, workers, contents)
     finally:

@@ -154,9 +154,6 @@ def build() -> tuple[list[Submission], list[Submission]]:
     add("huge_output", insert_after(solve(lesson("00"), *L00), IMPORTS,
                                     "for i in range(60_000):\n    print('spam ' * 20)"), [1, 1, 1],
         "output too large")
-    reference = solve(lesson("01"), "01.padding_mask")
-    edit(reference, "def my_attention", "my_attention = scaled_dot_product_attention  # course_lib's")
-    add("lesson01_reference_pasted", reference, [0, 0, 0, 0, 1], lesson_id="01")
     add("lesson02_other_lesson", solve(lesson("02"), "02.split_heads", "02.view"), [0, 1, 0, 1, 0],
         lesson_id="02")
 
@@ -169,21 +166,21 @@ def build() -> tuple[list[Submission], list[Submission]]:
     add("forged_results", insert_after(solve(lesson("00"), *L00), IMPORTS, FORGE), [0, 0, 0], "results forged")
     add("frame_swap", insert_after(solve(lesson("00"), "00.parameters"), "def predicted_broadcast_shape",
                                    FRAME_SWAP), [0, 0, 1])
+    # (b) an imported solution renamed, (d) the reference on a thread started before, (a) a solution
+    # block exec'd from the solutions file: one exercise each
+    fakes = solve(lesson("00"), "00.broadcast", source=RENAMED)
+    fakes = solve(insert_after(fakes, "def predicted_gradient", THREAD_POOL), "00.parameters", source=EXEC_FILE)
+    add("fakes_b_d_a", fakes, [0, 0, 0])
+    # (f) a stub moved after its check cell, (d) the reference on a thread started while it is checked
     moved = solve(lesson("00"), *L00)
-    i = index_of(moved, "def predicted_gradient")
-    moved.cells.insert(index_of(moved, "check_gradient_prediction(") + 1, new_code_cell(moved.cells.pop(i).source))
-    add("stub_moved", moved, [1, 0, 1], "stub moved")  # (f)
-    add("exec_solutions_file", solve(lesson("00"), *L00[:2], "00.parameters", source=EXEC_FILE), [0, 0, 0])  # (a)
-    add("import_renamed", insert_after(solve(lesson("00"), "00.broadcast", "00.parameters"),
-                                       "def predicted_gradient", RENAMED),
-        [1, 0, 1])  # (b)
-    add("thread_new", insert_after(solve(lesson("00"), *L00), "def predicted_gradient", THREAD_NEW),
-        [1, 0, 1])  # (d), a thread started while it is checked
-    add("thread_pool", insert_after(solve(lesson("00"), *L00), "def predicted_gradient", THREAD_POOL),
-        [1, 0, 1])  # (d), a thread started before
-    getsource = solve(lesson("01"), *L01)
-    edit(getsource, "def my_attention", GETSOURCE)
-    add("lesson01_getsource", getsource, [1, 1, 0, 1, 1], lesson_id="01")  # (c)
+    i = index_of(moved, "def predicted_parameter_count")
+    moved.cells.insert(index_of(moved, "check_parameter_count(") + 1, new_code_cell(moved.cells.pop(i).source))
+    add("fakes_f_d", insert_after(moved, "def predicted_gradient", THREAD_NEW), [1, 0, 0], "stub moved")
+    # (c) inspect.getsource of course_lib's reference, exec'd under the learner's name
+    reference = solve(lesson("01"), "01.padding_mask")
+    edit(reference, "def my_attention", "my_attention = scaled_dot_product_attention  # course_lib's")
+    edit(reference, "def fixed_attention", GETSOURCE)
+    add("lesson01_reference_pasted", reference, [0, 0, 0, 0, 1], lesson_id="01")
 
     slow = [Submission("endless_loop", nbformat.writes(solve(solve(lesson("00"), *L00), "00.gradient",
                        source="def predicted_gradient():\n    while True:\n        pass\n")),
@@ -192,20 +189,17 @@ def build() -> tuple[list[Submission], list[Submission]]:
 
 
 def build_sandboxed() -> list[Submission]:
-    """Cases only the sandbox can hold: the class folder and other learners' scratch folders."""
-    s = [Submission("tamper_class", nbformat.writes(insert_after(solve(lesson("00"), *L00), IMPORTS, TAMPER)),
-                    "00", dict(zip(L00, [1, 1, 1])), "graded"),
-         Submission("copies_others", nbformat.writes(solve(solve(lesson("00"), *L00), "00.broadcast",
-                                                           source=COPY_OTHERS)),
-                    "00", dict(zip(L00, [0, 1, 1])), "graded")]  # (h)
-    return s
+    """Cases only the sandbox can hold: the class folder (another learner's notebook replaced, a file
+    added) and (h) another learner's answer copied from their scratch folder."""
+    nb = insert_after(solve(solve(lesson("00"), *L00), "00.broadcast", source=COPY_OTHERS), IMPORTS, TAMPER)
+    return [Submission("tamper_and_copy", nbformat.writes(nb), "00", dict(zip(L00, [0, 1, 1])), "graded")]
 
 
 def build_plain() -> list[Submission]:
     """The class graded with --sandbox none: the process and sabotage cases, and a kernel that
     kills its grader's worker (with the sandbox its parent is the sandbox's init, which it cannot kill)."""
     main, _ = build()
-    keep = {"correct", "spawns_processes", "sabotage_json", "forged_results", "frame_swap", "exec_solutions_file"}
+    keep = {"spawns_processes", "forged_results"}
     s = [sub for sub in main if sub.student in keep]
     s.append(Submission("kills_grader", nbformat.writes(insert_after(solve(lesson("00"), *L00), IMPORTS,
                                                                      "import os, signal\nos.kill(os.getppid(), "
@@ -244,10 +238,10 @@ FRAME_SWAP = """def predicted_broadcast_shape():
     return (3, 1, 4)
 """
 EXEC_FILE = """import course_lib.solutions
-exec(open(course_lib.solutions.__path__[0] + "/lesson00.py").read())
+exec(open(course_lib.solutions.__path__[0] + "/lesson00.py").read().split("# %% solution 00.parameters")[1])
 """
-RENAMED = """from course_lib.solutions.lesson00 import predicted_gradient
-predicted_gradient.__code__ = predicted_gradient.__code__.replace(co_filename="<ipython-input-3>")
+RENAMED = """from course_lib.solutions.lesson00 import predicted_broadcast_shape
+predicted_broadcast_shape.__code__ = predicted_broadcast_shape.__code__.replace(co_filename="<ipython-input-3>")
 """
 THREAD_NEW = """from concurrent.futures import ThreadPoolExecutor
 def predicted_gradient():
@@ -263,7 +257,7 @@ def predicted_gradient():
 GETSOURCE = """import inspect
 import course_lib.attention
 exec(inspect.getsource(course_lib.attention.scaled_dot_product_attention).replace(
-    "def scaled_dot_product_attention", "def my_attention"))
+    "def scaled_dot_product_attention", "def fixed_attention"))
 """
 TAMPER = """import pathlib
 try:  # another learner's notebook replaced, a file added: the sandbox shows neither folder

@@ -181,8 +181,6 @@ def test_report_ranks_the_named_mistakes_and_lists_peeks_and_problems(graded):
     # fakes are named: the checker's own message, or the grader's
     assert "runs course_lib&#x27;s solutions" in report
     assert "while it was being checked" in report
-    assert "is not code from your notebook&#x27;s cells" in report
-    assert "A thread your notebook started earlier" in report
     assert "its name is defined after its check cell" in report
 
 
@@ -205,6 +203,15 @@ def test_feedback_says_passed_message_or_not_attempted(graded):
     page = (graded["tmp"] / "out" / "feedback" / "os_exit.html").read_text(encoding="utf-8")
     assert "kernel died" in page
     assert "<div class='msg'>" in page  # messages keep their line breaks (white-space: pre-wrap)
+    # each fake of issue 40 is named for what it is
+    pages = {name: (graded["tmp"] / "out" / "feedback" / f"{name}.html").read_text(encoding="utf-8")
+             for name in ("fakes_b_d_a", "fakes_f_d", "lesson01_reference_pasted", "frame_swap", "forged_results")}
+    assert pages["fakes_b_d_a"].count("is not code from your notebook&#x27;s cells") == 2  # (b), (a)
+    assert "A thread your notebook started earlier" in pages["fakes_b_d_a"]  # (d)
+    assert "runs course_lib&#x27;s solutions" in pages["fakes_f_d"]  # (d), a new thread
+    assert "defined after the cell that checks it" in pages["fakes_f_d"]  # (f)
+    assert "is not code from your notebook&#x27;s cells" in pages["lesson01_reference_pasted"]  # (c)
+    assert "results forged" in pages["forged_results"]
 
 
 # ----------------------------------------------------------------------------------------------

@@ -330,8 +330,9 @@ def recheck(spec, seed, limit, restore, nonce, solutions_dir, cells, user_ns=Non
     # The course's own code, and every copy of it: genuine code objects by identity, copies by
     # fingerprint. The notebook's cells may hold a solution's text (shown by show_solution; that
     # is a peek, reported as such), so code compiled from the cells is never called a copy.
-    genuine = {c for n, m in list(sys.modules.items()) if _is_ours(n)
+    genuine = {c for n, m in list(sys.modules.items()) if _is_ours(n) and not n.startswith("course_lib.grading")
                for _, _, f in _functions_of(m) for c in _codes(f.__code__)}
+    grader_codes = {c for f in globals().values() if inspect.isfunction(f) for c in _codes(f.__code__)}
     solution_files = [os.path.join(solutions_dir, f) for f in sorted(os.listdir(solutions_dir))
                       if f.endswith(".py")]
     solution_prints = _compiled([open(p, encoding="utf-8").read() for p in solution_files])
@@ -345,7 +346,7 @@ def recheck(spec, seed, limit, restore, nonce, solutions_dir, cells, user_ns=Non
         if key not in verdicts:
             if code.co_filename.startswith(solutions_dir):
                 verdicts[key] = (code, "course_lib's solutions")
-            elif code in genuine:
+            elif code in genuine or code in grader_codes:
                 verdicts[key] = (code, None)
             else:
                 fp = _fingerprint(code)

@@ -455,6 +455,16 @@ def _moved_stubs(nb: Any, lesson: Lesson) -> list[str]:
     return moved
 
 
+def become_subreaper() -> None:
+    """Linux: orphaned descendants of this process are re-parented to it, not to init, so that
+    ``end_processes`` can end them. (The grader's main process is one too: a worker killed under a
+    submission leaves its kernel's processes to it.)"""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+
+
 def configure_worker(threads: int) -> None:
     """Environment for the kernels a worker starts: its share of the cores, no GUI backends. The
     worker becomes a child subreaper (Linux): a process a submission starts and abandons, even in
@@ -463,13 +473,11 @@ def configure_worker(threads: int) -> None:
 
     logging.getLogger("asyncio").setLevel(logging.CRITICAL)  # nbclient's "Task exception was never
     # retrieved" when a kernel dies: the row says so; the terminal shows only the grader's lines
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    become_subreaper()
     for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ[name] = str(threads)
     os.environ["PYDEVD_DISABLE_FILE_VALIDATION"] = "1"
 
 
-__all__ = ["Settings", "Graded", "grade_submission", "configure_worker", "STATUS_ORDER", "NOTEBOOK_DIR"]
+__all__ = ["Settings", "Graded", "grade_submission", "configure_worker", "become_subreaper", "end_processes",
+           "STATUS_ORDER", "NOTEBOOK_DIR"]

@@ -1,17 +1,22 @@
 """Reading a trained attention-only GPT (lesson 12): patterns, head scores, ablation, patching,
-K-composition and direct logit attribution.
+K-composition (path ablation), direct logit attribution and the full OV circuit.
 
 A head's output is the slice ``[h * head_dim, (h + 1) * head_dim)`` of what goes INTO the layer's
 ``out_proj`` (``merge_heads`` of the heads, ``(B, T, d_model)``); ``out_proj`` then adds every head's
 ``z_h @ W_O[h]`` to the residual stream. So one forward pre-hook on ``out_proj`` can read, zero,
 average or replace any head: TransformerLens calls that tensor ``hook_z`` (shape ``(B, T, h, d_head)``).
 
-Scores (Olsson et al. 2022; TransformerLens's ``head_detector``), for a pattern ``(B, h, T, T)``:
+Scores, for a pattern ``(B, h, T, T)``:
 
 - previous-token: mean attention from position ``i`` to ``i - 1``;
-- duplicate-token: mean attention from a token to the earlier positions holding the same token;
-- induction, on ``[r, r]`` with ``n = len(r)``: mean attention from ``i`` in the second copy to
-  ``i - n + 1``, the position just after the earlier occurrence of token ``i``.
+- duplicate-token (the head type of the IOI paper, Wang et al. 2022): mean attention from a token to
+  the earlier positions holding the same token, over the positions that have one;
+- induction (Olsson et al. 2022), on ``[r, r]`` with ``n = len(r)``: mean attention from ``i`` in the
+  second copy to ``i - n + 1``, the position just after the earlier occurrence of token ``i``.
+
+TransformerLens's ``head_detector.detect_head`` defines them otherwise (the attention on the detected
+positions over the attention of all ``T`` queries, crediting every earlier occurrence): on ``[r, r]``
+its induction score is about half of this one.
 """
 
 from __future__ import annotations

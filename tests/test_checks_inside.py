@@ -13,8 +13,8 @@ from _helpers import assert_checkers_keep_random_state, passes
 
 from course_lib import interp
 from course_lib.checks import (
-    check_ablation_hook, check_induction_score, check_patching_hook, check_patching_table,
-    check_predict_layers,
+    check_ablation_hook, check_induction_score, check_ov_circuit, check_patching_hook,
+    check_patching_table, check_predict_layers,
 )
 from course_lib.checks._common import CheckFailure
 from course_lib.checks.inside import _random_model
@@ -34,7 +34,7 @@ def _solution(key: str) -> dict:
 def test_the_solution_file_imports_and_defines_every_block():
     module = importlib.import_module("course_lib.solutions.lesson12")
     for name in ("my_induction_score", "predicted_layers", "my_ablation_hook", "my_patching_hook",
-                 "my_patching_table"):
+                 "my_patching_table", "my_full_ov_circuit"):
         assert callable(getattr(module, name))
 
 
@@ -662,6 +662,7 @@ def test_checkers_leave_the_global_random_state_alone(trained):
     (check_induction_score, lambda p, n: [None for _ in iter(int, 1)]),
     (check_ablation_hook, lambda head, num_heads, mean=None: (lambda m, a: [0 for _ in iter(int, 1)])),
     (check_patching_table, lambda model, clean, corrupted: [0 for _ in iter(int, 1)]),
+    (check_ov_circuit, lambda model, layer, head: [0 for _ in iter(int, 1)]),
 ])
 def test_a_loop_that_never_ends_is_stopped(monkeypatch, check, answer):
     from course_lib.checks import inside
@@ -674,8 +675,8 @@ def test_a_loop_that_never_ends_is_stopped(monkeypatch, check, answer):
 def test_every_exercise_has_a_solution_to_show(capsys):
     from course_lib.solutions import show_solution, solution_keys
 
-    keys = ["12.ablation_hook", "12.induction_score", "12.patching_hook", "12.patching_table",
-            "12.predict_layers"]
+    keys = ["12.ablation_hook", "12.induction_score", "12.ov_circuit", "12.patching_hook",
+            "12.patching_table", "12.predict_layers"]
     assert solution_keys("12") == keys
     for key in keys:
         show_solution(key)
@@ -800,3 +801,85 @@ def test_patching_table_uncropped_logits_are_named():
 
     with pytest.raises(CheckFailure, match=r"n \+ 1 = 13 predictions met n = 12 targets"):
         check_patching_table(uncropped)
+
+
+# ----------------------------------------------------------------------------------------------
+# 12.ov_circuit (★★★)
+# ----------------------------------------------------------------------------------------------
+
+
+def ov_variant(center=True, gain=True, final_gain=True, transpose=False, kv_rule=True, einsum=False):
+    """A learner's full OV circuit, right by default; each option is one way to get it wrong."""
+
+    def make(model, layer, head):
+        block = model.blocks.layers[layer]
+        attn = block.self_attn
+        hd = attn.head_dim
+        kv = head // (attn.num_heads // attn.num_kv_heads) if kv_rule else head
+        w_e = model.embed.token.embedding.weight.detach().double()
+        x = w_e - w_e.mean(-1, keepdim=True) if center else w_e
+        if gain:
+            x = x * block.norm1.weight.detach().double()
+        w_v = attn.v_proj.weight.detach().double()[kv * hd:(kv + 1) * hd]  # (hd, d)
+        w_o = attn.out_proj.weight.detach().double()[:, head * hd:(head + 1) * hd]  # (d, hd)
+        w_u = model.lm_head.weight.detach().double()
+        if final_gain:
+            w_u = w_u * model.blocks.norm.weight.detach().double()
+        if einsum:
+            out = torch.einsum("ad,kd,ek,ve->av", x, w_v, w_o, w_u)
+        else:
+            out = x @ w_v.T @ w_o.T @ w_u.T
+        return out.T if transpose else out
+
+    return make
+
+
+def ov_loops(model, layer, head):
+    """One token at a time, float32."""
+    rows = [ov_variant()(model, layer, head)[a] for a in range(model.config.vocab_size)]
+    return torch.stack(rows).float()
+
+
+@pytest.mark.parametrize("fn", [ov_variant(), ov_variant(einsum=True), ov_loops,
+                                lambda m, l, h: ov_variant()(m, l, h).float()])
+def test_ov_circuit_styles_pass(fn):
+    assert passes(check_ov_circuit, fn)
+
+
+def test_ov_circuit_solution_passes(capsys):
+    assert passes(check_ov_circuit, _solution("12.ov_circuit")["my_full_ov_circuit"])
+    assert "check_ov_circuit: all 7 heads" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("fn, words", [
+    (ov_variant(center=False), "not centred"),
+    (ov_variant(gain=False), "layer's LayerNorm gain"),
+    (ov_variant(final_gain=False), "final LayerNorm's gain"),
+    (ov_variant(gain=False, final_gain=False), "both LayerNorm gains are missing"),
+    (ov_variant(transpose=True), "rows and columns are swapped"),
+    (ov_variant(kv_rule=False), "grouped-query attention"),
+    (lambda m, l, h: -ov_variant()(m, l, h), "sign is reversed"),
+    (lambda m, l, h: ov_variant()(m, l, h) * 1.01, "differs from course_lib's reference"),
+])
+def test_ov_circuit_mistakes_are_named(fn, words):
+    with pytest.raises(CheckFailure, match=words):
+        check_ov_circuit(fn)
+
+
+@pytest.mark.parametrize("fn, words", [
+    (lambda m, l, h: torch.zeros(3, 3), "Wrong output shape"),
+    (lambda m, l, h: 1 / 0, "raised ZeroDivisionError"),
+    (lambda m, l, h: interp.full_ov_circuit(m, l, h), "calls course_lib's interp.full_ov_circuit"),
+    (interp.full_ov_circuit, "course_lib's own functions"),
+])
+def test_ov_circuit_bad_answers_get_a_check_failure(fn, words):
+    with pytest.raises(CheckFailure, match=words):
+        check_ov_circuit(fn)
+
+
+def test_ov_circuit_stub(capsys):
+    def my_full_ov_circuit(model, layer, head):
+        raise NotImplementedError
+
+    check_ov_circuit(my_full_ov_circuit)
+    assert "not implemented yet" in capsys.readouterr().out

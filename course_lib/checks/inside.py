@@ -13,6 +13,9 @@
 * ``check_patching_hook(fn)``: ``fn(head, num_heads, clean (B, T, h, hd), position=None) -> hook``,
   the fixed patching hook (the Debug exercise: the given hook tests ``if position:``, so position 0
   patches every position). Reference: ``interp.patching_hook``.
+* ``check_ov_circuit(fn)``: ``fn(model, layer, head) -> (V, V)``, the full OV circuit with
+  LayerNorm's centring and gains folded in. Reference: ``interp.full_ov_circuit`` on random models
+  of 4, 2 and 8 heads (one with grouped-query attention) and on the trained checkpoint.
 * ``check_patching_table(fn)``: ``fn(model, clean, corrupted) -> (num_layers, h)``, activation
   patching. Reference: ``interp.patching_table`` on the trained checkpoint and a random model; a
   crash from runs of 2n and 2n - 1 positions is named.
@@ -38,13 +41,13 @@ from ..induction import induction_config, load_checkpoint, repeated_tokens
 from ._common import CheckFailure, calls_to, checker, is_course_lib, one_thread, run_learner, time_limit
 
 __all__ = ["check_induction_score", "check_predict_layers", "check_ablation_hook",
-           "check_patching_hook", "check_patching_table"]
+           "check_patching_hook", "check_patching_table", "check_ov_circuit"]
 
 
 # Seconds a checker lets the learner's code run in all (a correct answer needs well under 1 s;
 # the patching table a few): a loop that never ends is stopped with a CheckFailure.
 TIME_LIMITS = {"induction_score": 20.0, "predict_layers": 20.0, "ablation_hook": 30.0,
-               "patching_hook": 30.0, "patching_table": 60.0}
+               "patching_hook": 30.0, "patching_table": 60.0, "ov_circuit": 30.0}
 
 
 def _time_limit(seconds: float) -> contextlib.AbstractContextManager[None]:
@@ -917,3 +920,119 @@ def _check_patching_table(fn: Callable[..., Any]) -> None:
             "interp.loss_per_position.")
     print(f"check_patching_table: both models ({len(models)} cases) match course_lib's reference. "
           "Well done!")
+
+
+# ----------------------------------------------------------------------------------------------
+# check_ov_circuit (build, ★★★)
+# ----------------------------------------------------------------------------------------------
+
+
+def _ov_models() -> list[tuple[str, GPT, list[tuple[int, int]]]]:
+    """``(description, model, [(layer, head), ...])``: random models of other sizes, then the
+    lesson's trained one."""
+    four = _random_model(seed=41, num_heads=4, d_model=48)
+    two = _random_model(seed=42, num_heads=2, d_model=48)
+    torch.manual_seed(43)
+    eight = GPT(induction_config(num_layers=2, num_heads=8, d_model=64, num_kv_heads=4,
+                                 vocab_size=40)).eval()
+    with torch.no_grad():
+        for p in eight.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    try:
+        trained, _ = load_checkpoint()
+    except FileNotFoundError as err:
+        raise CheckFailure(f"The trained model is missing: {err}.") from err
+    return [("a random model with 4 heads of 12", four, [(0, 1), (1, 3)]),
+            ("a random model with 2 heads of 24", two, [(1, 0), (0, 1)]),
+            ("a random model with 8 query heads sharing 4 key/value heads (GQA), vocabulary 40",
+             eight, [(1, 5), (0, 2)]),
+            ("the lesson's trained model", trained, [(1, 2)])]
+
+
+def _ov_mistakes(model: GPT, layer: int, head: int) -> list[tuple[str, torch.Tensor]]:
+    """``(message, (V, V))`` of the usual mistakes, in float64."""
+    block = model.blocks.layers[layer]
+    attn = block.self_attn
+    hd, group = attn.head_dim, attn.num_heads // attn.num_kv_heads
+    kv = head // group
+    w_e = model.embed.token.embedding.weight.double()  # (V, d)
+    centred = w_e - w_e.mean(dim=-1, keepdim=True)
+    g, g_f = block.norm1.weight.double(), model.blocks.norm.weight.double()
+    v_w = attn.v_proj.weight.double()
+    o_w = attn.out_proj.weight.double()
+    w_v = v_w[kv * hd:(kv + 1) * hd].T  # (d, hd)
+    w_v_query_index = v_w[head * hd:(head + 1) * hd].T if (head + 1) * hd <= v_w.size(0) else None
+    w_o = o_w[:, head * hd:(head + 1) * hd].T  # (hd, d)
+    w_u = model.lm_head.weight.double().T  # (d, V)
+    circuit = (centred * g) @ w_v @ w_o @ (w_u * g_f[:, None])
+    found = [
+        ("the embeddings are not centred: LayerNorm subtracts each vector's mean before anything "
+         "reads it", (w_e * g) @ w_v @ w_o @ (w_u * g_f[:, None])),
+        ("the layer's LayerNorm gain (norm1.weight) is missing: it scales what W_V reads",
+         centred @ w_v @ w_o @ (w_u * g_f[:, None])),
+        ("the final LayerNorm's gain (model.blocks.norm.weight) is missing: it scales what W_U reads",
+         (centred * g) @ w_v @ w_o @ w_u),
+        ("both LayerNorm gains are missing", centred @ w_v @ w_o @ w_u),
+        ("rows and columns are swapped: row a must be what the head adds to every logit when it "
+         "attends to token a (the source token indexes the rows)", circuit.T),
+        ("interleaved slicing: a head's numbers are a contiguous block, head * head_dim .. "
+         "(head + 1) * head_dim - 1, of v_proj's rows and of out_proj's columns",
+         (centred * g) @ v_w[kv::attn.num_kv_heads].T @ o_w[:, head::attn.num_heads].T
+         @ (w_u * g_f[:, None])),
+    ]
+    if group > 1 and w_v_query_index is not None:
+        found.append(("with grouped-query attention, query head `head` reads key/value head "
+                      "head // (num_heads // num_kv_heads): v_proj has only num_kv_heads heads",
+                      (centred * g) @ w_v_query_index @ w_o @ (w_u * g_f[:, None])))
+    return found
+
+
+@checker
+def check_ov_circuit(fn: Callable[..., Any]) -> None:
+    """Check ``fn(model, layer, head) -> (V, V)`` against ``interp.full_ov_circuit`` on random models
+    of 4, 2 and 8 heads (GQA) and on the trained checkpoint."""
+    _no_raw_errors(_check_ov_circuit)(fn)
+
+
+def _check_ov_circuit(fn: Callable[..., Any]) -> None:
+    _refuse_reference(fn, "the full OV circuit")
+    count = 0
+    for description, model, heads in _ov_models():
+        V = model.config.vocab_size
+        for layer, head in heads:
+            case = f"{description}, head {layer}.{head}"
+            attn = model.blocks.layers[layer].self_attn
+            with calls_to([inspect.unwrap(interp.full_ov_circuit)]) as seen, torch.enable_grad():
+                try:
+                    raw = _call(fn, model, layer, head, case=case,
+                                hint="Return the (V, V) product for head `head` of layer `layer`.")
+                except CheckFailure as failure:
+                    if attn.num_kv_heads == attn.num_heads or "ran for more than" in str(failure):
+                        raise
+                    raise CheckFailure(
+                        f"Your code stopped on grouped-query attention ({case}): v_proj has only "
+                        f"num_kv_heads * head_dim = {attn.num_kv_heads * attn.head_dim} rows here, and "
+                        "query head h reads key/value head h // (num_heads // num_kv_heads). What the "
+                        f"checker saw: {failure}") from failure
+            if seen:
+                raise CheckFailure("Your function calls course_lib's interp.full_ov_circuit, the "
+                                   "circuit this exercise asks you to build.")
+            got = _as_tensor(raw, (V, V), f"the circuit ({case})",
+                             "One row and one column per token: (vocab_size, vocab_size).")
+            expected = interp.full_ov_circuit(model, layer, head).double()
+            scale = expected.abs().max().item()
+            if _close(got / scale, expected / scale, 1e-5):
+                count += 1
+                continue
+            for message, wrong in _ov_mistakes(model, layer, head):
+                if _close(got / scale, wrong.detach() / scale, 1e-5):
+                    raise CheckFailure(f"Likely mistake ({case}): {message}.")
+            if _close(got / scale, -expected / scale, 1e-5):
+                raise CheckFailure(f"The sign is reversed ({case}): row a must be what the head ADDS.")
+            raise CheckFailure(
+                f"Your circuit differs from course_lib's reference ({case}): largest difference "
+                f"{(got.double() - expected).abs().max().item():.3g} (the entries reach {scale:.3g}). "
+                "None of the usual mistakes explains it; compare the shapes of each factor with the "
+                "definition, one step at a time.")
+    print(f"check_ov_circuit: all {count} heads (4, 2 and 8 heads, GQA, the trained model) match "
+          "course_lib's reference. Well done!")

@@ -133,3 +133,21 @@ def my_patching_table(model, clean, corrupted):
                 handle.remove()  # never leave a hook behind
             table[layer, head] = (corrupted_loss - patched_loss) / gap
     return table
+
+
+# %% solution 12.ov_circuit
+def my_full_ov_circuit(model, layer, head):
+    """The full OV circuit (V, V) of head `layer`.`head`: row a is what the head adds to every
+    logit when it attends to a position holding token a, LayerNorm folded in (centring, gains)."""
+    block = model.blocks.layers[layer]
+    attn = block.self_attn
+    hd = attn.head_dim
+    group = attn.num_heads // attn.num_kv_heads  # query heads per key/value head (GQA)
+    kv = head // group  # the key/value head this query head reads
+    w_e = model.embed.token.embedding.weight  # (V, d): one row per token
+    x = (w_e - w_e.mean(dim=-1, keepdim=True)) * block.norm1.weight  # (V, d): what LayerNorm passes on
+    w_v = attn.v_proj.weight[kv * hd:(kv + 1) * hd]  # (hd, d): nn.Linear stores (out, in)
+    w_o = attn.out_proj.weight[:, head * hd:(head + 1) * hd]  # (d, hd): this head's columns
+    w_u = model.lm_head.weight * model.blocks.norm.weight  # (V, d): the final gain folded in
+    with torch.no_grad():
+        return x @ w_v.T @ w_o.T @ w_u.T  # (V, d) (d, hd) (hd, d) (d, V) -> (V, V)

@@ -98,8 +98,11 @@ def _kernel_manager(scratch: Path, settings: Settings) -> Any:
 
     # IPC sockets in the scratch folder: no TCP port (and no "running over TCP" warning), and
     # nothing another submission's kernel can reach
-    return LimitedKernelManager(kernel_name="python3", transport="ipc", ip=str(scratch / "ipc" / "kernel"),
-                                connection_file=str(scratch / "ipc" / "kernel.json"))
+    manager = LimitedKernelManager(kernel_name="python3", transport="ipc", ip=str(scratch / "ipc" / "kernel"),
+                                   connection_file=str(scratch / "ipc" / "kernel.json"))
+    if sandbox:  # a SIGINT to bwrap's process group would end bwrap, not reach the kernel: the kernel
+        manager.kernel_spec.interrupt_mode = "message"  # interrupts itself on an interrupt_request
+    return manager
 
 
 def _kernel_env(scratch: Path) -> dict[str, str]:

@@ -117,6 +117,8 @@ benchmark: setup
 	$(PY) benchmarks/modern.py
 	$(PY) benchmarks/induction.py
 	$(PY) benchmarks/grade.py
+	$(PY) benchmarks/flash.py
+	$(PY) benchmarks/ddp.py
 
 # Grade a class: every notebook (or file) in SUBMISSIONS, each in its own limited kernel; writes
 # $(OUT)/grades.csv, grades_NN.csv, report.html and feedback/ (README, "For instructors").
@@ -144,6 +146,19 @@ dates-remedy: setup
 	$(PY) scripts/stored_runs.py dates-remedy
 length-rope: setup
 	$(PY) scripts/stored_runs.py length-rope
+
+# Lesson 13's long-context measurements (scripts/flash_memory.py): peak memory and time of attention's
+# forward and backward at L = 1k..32k, each in a fresh process, one thread; the tiled pass's profile;
+# FlexAttention's compile time. Stored per float path in course_lib/results/flash_memory.json. About
+# 5 min on a quiet 2-core machine; the naive pass at 16k needs 3 GiB (skipped, and said, when not free).
+# Lesson 14's precision runs (scripts/precision_runs.py): lesson 09's recipe, shortened, in float32 and
+# under CPU bf16 autocast, seeds 0-2, 1 thread, per float path in course_lib/results/precision_runs.json
+# (a bf16 step costs about 10 float32 steps on a CPU without bf16 units: several minutes).
+.PHONY: flash-memory precision-runs
+flash-memory: setup
+	$(PY) scripts/flash_memory.py
+precision-runs: setup
+	$(PY) scripts/precision_runs.py
 
 # Lesson 12's trained attention-only model with induction heads (course_lib/results/induction.pt).
 # A few minutes on 1 thread; the lesson loads it and trains only the first steps live.

@@ -226,6 +226,8 @@ def test_gpt_forward_float64_output_passes():
     solution = _solution("09.gpt_forward")["my_gpt_forward"]
     assert passes(check_gpt_forward, lambda model, ids: solution(model, ids).double())
     with pytest.raises(CheckFailure, match="largest difference"):
+        check_gpt_forward(lambda model, ids: solution(model, ids).double() + 0.5)
+    with pytest.raises(CheckFailure, match="Your logits are 2 times the right ones"):
         check_gpt_forward(lambda model, ids: solution(model, ids).double() * 2)
 
 
@@ -243,7 +245,7 @@ def test_gpt_forward_final_norm_in_every_layer_is_caught():
 def test_gpt_forward_unknown_mistake_gets_the_difference():
     solution = _solution("09.gpt_forward")["my_gpt_forward"]
     with pytest.raises(CheckFailure, match="largest difference"):
-        check_gpt_forward(lambda model, ids: solution(model, ids) * 2)
+        check_gpt_forward(lambda model, ids: solution(model, ids) + 0.5)
 
 
 def test_gpt_forward_unknown_mistake_with_a_future_leak_says_so():
@@ -519,7 +521,7 @@ def test_lm_loss_other_styles_pass():
         ({"bits": True}, "in bits"),
         ({"reshape": "none"}, "logits are not reshaped"),
         ({"reshape": "transposed"}, "flattened in different orders"),
-        ({"detach": True}, "carries no gradient"),
+        ({"detach": True}, "No gradient reaches the model"),
         ({"as_float": True}, "Python number"),
     ],
 )
@@ -1234,3 +1236,122 @@ def test_attention_port_reshape_instead_of_transpose_is_observed():
 
     with pytest.raises(CheckFailure, match="reshaped from \\(72, 24\\) to \\(24, 72\\)"):
         check_attention_port(port_attention)
+
+
+# ----------------------------------------------------------------------------------------------
+# h09's second tryout (issue 38): the attempts that got the generic line or a wrong name
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "fn, words",
+    [
+        (lambda model, window: F.cross_entropy(model(window[:, :-1]).reshape(-1, 37), window[:, 1:].reshape(-1),
+                                               reduction="sum") / (window.size(1) - 1), "divided by T only"),
+        (lambda model, window: F.nll_loss(model(window[:, :-1]).log_softmax(1).reshape(-1, 37),
+                                          window[:, 1:].reshape(-1)), "log_softmax runs over the wrong axis"),
+        (lambda model, window: F.cross_entropy(model(window[:, :-2]).reshape(-1, 37), window[:, 2:].reshape(-1)),
+         "two places on"),
+        (lambda model, window: F.cross_entropy(model(window[:, :-1])[:, :-1].reshape(-1, 37),
+                                               window[:, 1:-1].reshape(-1)), "shift is made twice"),
+    ],
+)
+def test_lm_loss_second_tryout_mistakes_are_named(fn, words):
+    """(And the third tryout's: two places on, a shift made twice.)"""
+    with pytest.raises(CheckFailure, match=words):
+        check_lm_loss(fn)
+
+
+def test_gpt_forward_dropout_after_the_final_norm_is_not_called_a_hard_coded_size():
+    def my_gpt_forward(model, ids):
+        T = ids.size(1)
+        x = model.embed.dropout(model.embed.token(ids) + model.embed.position(T))
+        for layer in model.blocks.layers:
+            x = layer(x, causal_mask(T))
+        return model.lm_head(model.embed.dropout(model.blocks.norm(x)))
+
+    with pytest.raises(CheckFailure, match="right in eval mode but not in training mode") as info:
+        check_gpt_forward(my_gpt_forward)
+    assert "hard-coded" not in str(info.value)
+
+
+def test_generate_logits_averaged_over_positions_are_named():
+    def my_generate(model, ids, max_new_tokens, temperature=1.0, top_k=None, generator=None):
+        for _ in range(max_new_tokens):
+            with torch.no_grad():
+                logits = model(ids[:, -model.config.max_len:]).mean(1) / temperature
+            if top_k is not None:
+                logits[logits < logits.topk(top_k).values[:, -1:]] = -math.inf
+            ids = torch.cat([ids, torch.multinomial(logits.softmax(-1), 1, generator=generator)], 1)
+        return ids
+
+    with pytest.raises(CheckFailure, match="averaged over all positions"):
+        check_generate(my_generate)
+
+
+@pytest.mark.parametrize(
+    "knobs, words",
+    [
+        ({"decay_how": "both"}, "decay is applied twice"),
+        ({"clip": "one"}, "total norm of 1.0"),
+        ({"zero_grad": "after_backward"}, "gradients of 0"),
+    ],
+)
+def test_lm_train_second_tryout_mistakes_are_named(knobs, words):
+    from course_lib.checks.gpt import _train_variant
+
+    with pytest.raises(CheckFailure, match=words):
+        check_lm_train(lambda model, batches, recipe: _train_variant(model, batches, recipe, **knobs))
+
+
+def test_attention_port_interleaved_columns_are_observed():
+    def port_attention(ours, theirs):
+        d = ours.d_model
+        with torch.no_grad():
+            W = torch.stack([ours.q_proj.weight.T, ours.k_proj.weight.T, ours.v_proj.weight.T], dim=2)
+            theirs.c_attn.weight.copy_(W.reshape(d, 3 * d))  # q, k, v interleaved column by column
+            theirs.c_attn.bias.copy_(torch.cat([ours.q_proj.bias, ours.k_proj.bias, ours.v_proj.bias]))
+            theirs.c_proj.weight.copy_(ours.out_proj.weight.T)
+            theirs.c_proj.bias.copy_(ours.out_proj.bias)
+
+    with pytest.raises(CheckFailure, match="right columns in another order"):
+        check_attention_port(port_attention)
+
+
+# ----------------------------------------------------------------------------------------------
+# h09's third tryout (issue 38): the attempts that got the generic line
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "knobs, words",
+    [
+        ({"schedule": "warmup_s_over_w1"}, "s / \\(warmup \\+ 1\\)"),
+        ({"correction": "v_with_beta1"}, "correction uses beta1"),
+        ({"decay_how": "lr_squared"}, "learning rate twice"),
+    ],
+)
+def test_lm_train_third_tryout_mistakes_are_named(knobs, words):
+    from course_lib.checks.gpt import _train_variant
+
+    with pytest.raises(CheckFailure, match=words):
+        check_lm_train(lambda model, batches, recipe: _train_variant(model, batches, recipe, **knobs))
+
+
+@pytest.mark.parametrize("mistake, words", [("twice", "divided by the temperature twice"),
+                                            ("batch_axis", "softmax runs over the batch axis")])
+def test_generate_third_tryout_mistakes_are_named(mistake, words):
+    def my_generate(model, ids, max_new_tokens, temperature=1.0, top_k=None, generator=None):
+        for _ in range(max_new_tokens):
+            with torch.no_grad():
+                logits = model(ids[:, -model.config.max_len:])[:, -1] / temperature
+            if top_k is not None:
+                logits = logits.masked_fill(logits < logits.topk(top_k).values[:, -1:], -math.inf)
+                if mistake == "twice":
+                    logits = logits / temperature
+            probs = F.softmax(logits, dim=0 if mistake == "batch_axis" else -1)
+            ids = torch.cat([ids, torch.multinomial(probs, 1, generator=generator)], 1)
+        return ids
+
+    with pytest.raises(CheckFailure, match=words):
+        check_generate(my_generate)

@@ -476,7 +476,22 @@ def _check_gpt_forward(fn: Callable[..., Any]) -> None:
                 "the module model.embed.dropout, which follows model.train() / model.eval()")])
         if reason is not None:
             raise CheckFailure(f"Likely mistake ({case}): {reason}.")
+        if training:  # the eval-mode cases passed: only what dropout does differs
+            diff = (got.double() - expected.double()).abs().max().item()
+            raise CheckFailure(
+                f"Your forward pass is right in eval mode but not in training mode ({case}; largest "
+                f"difference {diff:.3g}): what differs is the dropout. GPT.forward applies "
+                "model.embed.dropout once, to the sum of token and position vectors; every layer "
+                "has its own dropout inside, and nothing else is dropped."
+            )
         _hard_coded_probe(fn, case)
+        scale = (got.double() * expected.double()).sum() / expected.double().pow(2).sum()
+        if _matches(got, (scale * expected.double()).to(expected.dtype)):
+            raise CheckFailure(
+                f"Your logits are {scale.item():.3g} times the right ones ({case}): every logit is "
+                "scaled by the same factor, after the output layer or inside it; GPT's logits are "
+                "model.lm_head(h), unscaled."
+            )
         causal = _causal_leak(fn, model, ids, case, seed)
         diff = (got.double() - expected.double()).abs().max().item()
         raise CheckFailure(
@@ -572,6 +587,10 @@ def _port_findings(ours: MultiHeadAttention, theirs: Any, before: dict[str, torc
                 findings.append(f"c_attn.weight holds ours' q, k, v weights reshaped from ({3 * d}, "
                                 f"{d}) to ({d}, {3 * d}): a reshape keeps the numbers in memory order, "
                                 "so each row of c_attn.weight mixes pieces of several rows of ours")
+            elif _columns_permuted(W, torch.cat([weights[n].t() for n in names], dim=1)):
+                findings.append("c_attn.weight holds the right columns in another order: column j "
+                                "of c_attn makes output j, and GPT2Attention splits the output into "
+                                "q, k, v as three consecutive blocks of d columns")
             else:
                 findings.append("c_attn.weight holds other numbers than ours' q_proj, k_proj and "
                                 "v_proj weights, in any layout")
@@ -601,6 +620,13 @@ def _port_findings(ours: MultiHeadAttention, theirs: Any, before: dict[str, torc
     elif not _same(pb, o.bias.detach()):
         findings.append("c_proj.bias is not out_proj.bias")
     return findings
+
+
+def _columns_permuted(got: torch.Tensor, right: torch.Tensor) -> bool:
+    """True if ``got`` (d, 3d) holds the columns of ``right`` (d, 3d), each once, in another order."""
+    distances = torch.cdist(got.t().double(), right.t().double())  # (3d, 3d): column to column
+    match = distances.argmin(1)  # the right column nearest each of got's
+    return bool(distances.min(1).values.max() < 1e-6) and match.unique().numel() == right.size(1)
 
 
 @torch.no_grad()
@@ -778,6 +804,12 @@ def _loss_variants(model: GPT, window: torch.Tensor) -> list[tuple[str, Callable
          lambda: F.cross_entropy(flat, targets, reduction="sum") / B),
         ("the loss is summed, not averaged: use the mean over all B*T positions (F.cross_entropy's "
          "default reduction)", lambda: F.cross_entropy(flat, targets, reduction="sum")),
+        ("the loss is summed over all B*T positions and divided by T only: that is B times the "
+         "mean. Average over all B*T positions",
+         lambda: F.cross_entropy(flat, targets, reduction="sum") / x.size(1)),
+        ("log_softmax runs over the wrong axis (the positions, dim 1, or the batch): the "
+         "probabilities are over the vocabulary, the last axis (dim=-1)",
+         lambda: F.nll_loss(logits.log_softmax(1).reshape(-1, V), targets)),
         ("only the last position is scored: every position of the window predicts its next "
          "character, so score logits (B, T, V) against targets (B, T) at all T positions",
          lambda: F.cross_entropy(logits[:, -1], y[:, -1])),
@@ -791,6 +823,12 @@ def _loss_variants(model: GPT, window: torch.Tensor) -> list[tuple[str, Callable
         ("the targets are the inputs rolled by one (torch.roll): the last position's target wraps "
          "around to the window's first character. The targets are window[:, 1:], which ends with "
          "the window's last id", lambda: F.cross_entropy(flat, x.roll(-1, dims=1).reshape(-1))),
+        ("the targets are two places on (window[:, 2:]): position t predicts the NEXT character, "
+         "one place on. Read window[:, :-1], score against window[:, 1:]",
+         lambda: F.cross_entropy(model(window[:, :-2]).reshape(-1, V), window[:, 2:].reshape(-1))),
+        ("the shift is made twice (the inputs window[:, :-1], then logits[:, :-1] against "
+         "inputs[:, 1:]): one position is lost. Shift once: score model(window[:, :-1]) against "
+         "window[:, 1:]", lambda: F.cross_entropy(logits[:, :-1].reshape(-1, V), x[:, 1:].reshape(-1))),
         ("the loss is in bits (divided by ln 2, or log2): cross-entropy in nats, the natural log",
          lambda: F.cross_entropy(flat, targets) / math.log(2)),
         ("logits and targets are flattened in different orders (one transposed to (T, B, ...) "
@@ -908,7 +946,8 @@ def _loss_error(err: Exception, case: str, B: int, T: int, config: GPTConfig) ->
 @torch.no_grad()
 def _generate_variant(model: GPT, ids: torch.Tensor, n: int, temperature: float, top_k: int | None,
                       generator: torch.Generator, crop: str = "last", temp: str = "divide",
-                      topk: str = "keep_k", where: int = -1, sample: str = "multinomial") -> torch.Tensor:
+                      topk: str = "keep_k", where: int | str = -1,
+                      sample: str = "multinomial") -> torch.Tensor:
     """The sampling loop, with one knob per plausible mistake; the defaults give
     ``model.generate(ids, n, temperature, top_k, generator=generator, use_cache=False)``."""
     out = ids
@@ -916,8 +955,9 @@ def _generate_variant(model: GPT, ids: torch.Tensor, n: int, temperature: float,
     for _ in range(n):
         context = {"last": out[:, -L:], "first": out[:, :L], "minus_one": out[:, -(L - 1):],
                    "prompt": ids[:, -L:]}[crop]
-        logits = model(context)[:, where]  # (B, V) from a context (B, <= L)
-        if temp == "divide":
+        scores = model(context)  # (B, <= L, V)
+        logits = scores.mean(1) if where == "mean" else scores[:, where]  # (B, V)
+        if temp in ("divide", "twice"):
             logits = logits / temperature
         elif temp == "multiply":
             logits = logits * temperature
@@ -927,10 +967,13 @@ def _generate_variant(model: GPT, ids: torch.Tensor, n: int, temperature: float,
             kth = logits.sort(dim=-1, descending=True, stable=True).values[:, k - 1 : k]  # (B, 1)
             fill = 0.0 if topk == "zero" else float("-inf")
             logits = logits.masked_fill(logits < kth, fill)
+            if temp == "twice":  # divided once more after the filter
+                logits = logits / temperature
         if sample == "greedy":
             next_id = logits.argmax(-1, keepdim=True)
         else:
-            next_id = torch.multinomial(logits.softmax(-1), 1, generator=generator)  # (B, 1)
+            probs = logits.softmax(0) if sample == "batch_axis" else logits.softmax(-1)
+            next_id = torch.multinomial(probs, 1, generator=generator)  # (B, 1)
         out = torch.cat([out, next_id], dim=1)
     return out
 
@@ -944,6 +987,8 @@ _GENERATE_MISTAKES: list[tuple[dict[str, Any], str]] = [
      "each step's logits must come from the text so far, prompt and new tokens"),
     ({"where": 0}, "the next token is drawn from the logits of the first position ([:, 0]); the "
      "prediction for the next token is at the LAST position, [:, -1]"),
+    ({"where": "mean"}, "the next token's logits are averaged over all positions; the prediction "
+     "for the next token is the LAST position's, [:, -1]"),
     ({"temp": "multiply"}, "the logits are multiplied by the temperature; divide them: T < 1 "
      "sharpens, T > 1 flattens"),
     ({"temp": "ignored"}, "the temperature changes nothing in your draws: divide the LOGITS by it "
@@ -956,6 +1001,10 @@ _GENERATE_MISTAKES: list[tuple[dict[str, Any], str]] = [
      "(torch.topk(logits, k).values[:, -1:]); '>' drops the k-th itself"),
     ({"topk": "zero"}, "the logits outside the top k are set to 0, not -inf: softmax still gives "
      "them probability. Fill them with float('-inf')"),
+    ({"temp": "twice"}, "the logits are divided by the temperature twice "
+     "(before and after the top-k filter): a temperature T acts as T squared"),
+    ({"sample": "batch_axis"}, "softmax runs over the batch axis (dim 0): the probabilities of each "
+     "row must sum to 1 over the vocabulary, softmax(dim=-1)"),
     ({"sample": "greedy"}, "you take the argmax: this exercise samples, torch.multinomial(probs, 1, "
      "generator=generator)"),
 ]
@@ -1034,15 +1083,16 @@ _FALSE_ALARM = 1e-9  # the chance that the test refuses a right sampler, at most
 @torch.no_grad()
 def _step_probs(model: GPT, out: torch.Tensor, prompt_len: int, temperature: float,
                 top_k: int | None, crop: str = "last", temp: str = "divide", topk: str = "keep_k",
-                where: int = -1, sample: str = "multinomial") -> torch.Tensor:
+                where: int | str = -1, sample: str = "multinomial") -> torch.Tensor:
     """The probabilities (N, V), float64, from which the next token after ``out (N, t)`` (its
     first ``prompt_len`` tokens the prompt) is drawn: right (the defaults, as ``GPT.generate``) or
     with the named mistake of ``_generate_variant``."""
     L = model.config.max_len
     context = {"last": out[:, -L:], "first": out[:, :L], "minus_one": out[:, -(L - 1):],
                "prompt": out[:, :prompt_len][:, -L:]}[crop]
-    logits = model(context)[:, where].double()  # (N, V)
-    if temp == "divide":
+    scores = model(context).double()  # (N, <= L, V)
+    logits = scores.mean(1) if where == "mean" else scores[:, where]  # (N, V)
+    if temp in ("divide", "twice"):
         logits = logits / temperature
     elif temp == "multiply":
         logits = logits * temperature
@@ -1050,6 +1100,8 @@ def _step_probs(model: GPT, out: torch.Tensor, prompt_len: int, temperature: flo
         k = {"keep_k": top_k, "k_plus_1": top_k + 1, "k_minus_1": max(top_k - 1, 1)}.get(topk, top_k)
         kth = logits.sort(dim=-1, descending=True).values[:, min(k, logits.size(-1)) - 1:][:, :1]
         logits = logits.masked_fill(logits < kth, 0.0 if topk == "zero" else float("-inf"))
+        if temp == "twice":
+            logits = logits / temperature
     if sample == "greedy":
         return F.one_hot(logits.argmax(-1), logits.size(-1)).double()
     return logits.softmax(-1)
@@ -1075,7 +1127,8 @@ def _distribution_check(fn: Callable[..., Any], model: GPT, temperature: float, 
     got = _run_generate(fn, model, ids, n, temperature, top_k, 600 + seed, case, seconds=300.0)
     _expect_tokens(got, ids, n, case)
     options = [({}, "")] + [(knobs, message) for knobs, message in _GENERATE_MISTAKES
-                            if top_k is not None or not knobs.get("topk")]
+                            if (top_k is not None or not knobs.get("topk"))
+                            and knobs.get("sample") != "batch_axis"]  # that one depends on the batch
     log_lik = torch.zeros(len(options), dtype=torch.float64)
     p_drawn, p_before, p_tied = ([[] for _ in options] for _ in range(3))
     for j in range(n):
@@ -1234,6 +1287,8 @@ def _lr_factor(step: int, recipe: LMRecipe, schedule: str = "course") -> float:
             return step / w
         if schedule == "warmup_s1_over_w":
             return (step + 1) / w
+        if schedule == "warmup_s_over_w1":
+            return step / (w + 1)
         return (step + 1) / (w + 1)
     if schedule == "warmup_only":
         return 1.0
@@ -1267,7 +1322,7 @@ def _decay_groups(model: GPT, weight_decay: float, decay: str) -> list[tuple[tor
 
 def _train_variant(model: GPT, batches: list[tuple[torch.Tensor, torch.Tensor]], recipe: LMRecipe,
                    decay: str = "matrices", decay_how: str = "decoupled", schedule: str = "course",
-                   clip: str = "norm", zero_grad: bool = True, betas: str = "recipe",
+                   clip: str = "norm", zero_grad: bool | str = True, betas: str = "recipe",
                    correction: str = "both", eps: str = "outside", moments: str = "ema") -> list[float]:
     """AdamW, warm-up + cosine and clipping written out, with one knob per plausible mistake; the
     defaults give ``lm_train_reference`` (``torch.optim.AdamW``), up to float rounding."""
@@ -1286,6 +1341,8 @@ def _train_variant(model: GPT, batches: list[tuple[torch.Tensor, torch.Tensor]],
         loss.backward()
         if clip == "norm":
             torch.nn.utils.clip_grad_norm_(unique, recipe.max_grad_norm)
+        elif clip == "one":  # the lesson's recipe's 1.0, written in
+            torch.nn.utils.clip_grad_norm_(unique, 1.0)
         elif clip == "value":
             torch.nn.utils.clip_grad_value_(unique, recipe.max_grad_norm)
         elif clip == "per_tensor":
@@ -1294,11 +1351,13 @@ def _train_variant(model: GPT, batches: list[tuple[torch.Tensor, torch.Tensor]],
         elif clip == "per_group":  # matrices and vectors clipped apart
             torch.nn.utils.clip_grad_norm_([p for p in unique if p.dim() >= 2], recipe.max_grad_norm)
             torch.nn.utils.clip_grad_norm_([p for p in unique if p.dim() < 2], recipe.max_grad_norm)
+        if zero_grad == "after_backward":
+            model.zero_grad(set_to_none=False)
         t = step + 1
         with torch.no_grad():
             for (p, wd), (m, v) in zip(params, state):
                 g = p.grad.clone()
-                if decay_how == "l2":
+                if decay_how in ("l2", "both"):
                     g = g + wd * p
                 if moments == "ema":
                     m.mul_(b1).add_(g, alpha=1 - b1)
@@ -1308,6 +1367,8 @@ def _train_variant(model: GPT, batches: list[tuple[torch.Tensor, torch.Tensor]],
                     v.mul_(b2).add_(g * g)
                 bc1 = 1 - b1 ** t if correction in ("both", "m_only") else 1.0
                 bc2 = 1 - b2 ** t if correction in ("both", "v_only") else 1.0
+                if correction == "v_with_beta1":
+                    bc1, bc2 = 1 - b1 ** t, 1 - b1 ** t
                 m_hat, v_hat = m / bc1, v / bc2
                 if eps == "none":
                     update = m_hat / v_hat.sqrt()
@@ -1317,10 +1378,12 @@ def _train_variant(model: GPT, batches: list[tuple[torch.Tensor, torch.Tensor]],
                     update = (m / bc1) * math.sqrt(bc2) / (v.sqrt() + EPS)
                 else:
                     update = m_hat / (v_hat.sqrt() + EPS)
-                if decay_how == "decoupled":
+                if decay_how in ("decoupled", "both"):
                     p.mul_(1 - lr * wd)
                 elif decay_how == "grows":
                     p.mul_(1 + lr * wd)
+                elif decay_how == "lr_squared":
+                    p.mul_(1 - lr * lr * wd)
                 elif decay_how == "no_lr":
                     p.mul_(1 - wd)
                 elif decay_how == "peak_lr":
@@ -1378,10 +1441,15 @@ _TRAIN_MISTAKES: list[tuple[dict[str, Any], str]] = [
     ({"decay_how": "l2"}, "the decay is added to the gradient (L2 regularisation, g + wd * p, as "
      "Adam's weight_decay does), so it passes through the moments and is rescaled by them. AdamW's "
      "decay is decoupled: it shrinks the weights directly, outside the moments"),
+    ({"decay_how": "both"}, "the decay is applied twice: added to the gradient (L2, which then "
+     "passes through the moments) and decoupled on the weights; AdamW's decay is only the "
+     "decoupled one"),
     ({"decay_how": "after"}, "the decay shrinks the weights after the Adam update; AdamW shrinks the "
      "weights of the previous step (both terms use the same p), so the order matters"),
     ({"decay_how": "grows"}, "the decay has the wrong sign: it grows the weights by lr * "
      "weight_decay * p each step instead of shrinking them"),
+    ({"decay_how": "lr_squared"}, "the decay is scaled by the learning rate twice (lr * lr * "
+     "weight_decay * p); AdamW shrinks p by lr * weight_decay * p"),
     ({"decay_how": "no_lr"}, "the decay is not scaled by the learning rate: AdamW shrinks p by "
      "lr * weight_decay * p at each step, with that step's rate"),
     ({"decay_how": "peak_lr"}, "the decay uses the peak rate recipe.lr at every step; AdamW scales "
@@ -1397,6 +1465,8 @@ _TRAIN_MISTAKES: list[tuple[dict[str, Any], str]] = [
      "steps need m / (1 - beta1^t) and v / (1 - beta2^t), t counted from 1"),
     ({"correction": "m_only"}, "the bias correction of v is missing (v / (1 - beta2^t))"),
     ({"correction": "v_only"}, "the bias correction of m is missing (m / (1 - beta1^t))"),
+    ({"correction": "v_with_beta1"}, "v's bias correction uses beta1: v / (1 - beta2^t), with "
+     "beta2, the beta of v's own average"),
     ({"eps": "inside"}, "eps is inside the square root: AdamW divides by sqrt(v_hat) + eps"),
     ({"eps": "none"}, "eps is missing: AdamW divides by sqrt(v_hat) + eps, eps = 1e-8, so a "
      "gradient near 0 cannot give a huge step"),
@@ -1405,6 +1475,8 @@ _TRAIN_MISTAKES: list[tuple[dict[str, Any], str]] = [
     # the schedule
     ({"schedule": "warmup_s_over_w"}, "the warm-up is off by one: a rate of 0 at step 0 (s / warmup). "
      "The exercise's first rate is lr / (warmup + 1)"),
+    ({"schedule": "warmup_s_over_w1"}, "the warm-up is off by one: a rate of 0 at step 0 "
+     "(s / (warmup + 1)); the exercise's first rate is lr / (warmup + 1), at step 0"),
     ({"schedule": "warmup_s1_over_w"}, "the warm-up is off by one: it reaches the peak one step "
      "early ((s + 1) / warmup); the exercise's rates are lr * 1/(warmup+1), ..., then lr at step "
      "warmup"),
@@ -1438,10 +1510,14 @@ _TRAIN_MISTAKES: list[tuple[dict[str, Any], str]] = [
      "recipe clips the total NORM of all gradients together (clip_grad_norm_)"),
     ({"clip": "per_tensor"}, "each parameter's gradient is clipped to the norm on its own; the "
      "recipe clips the total norm of all the gradients together (one factor for all)"),
+    ({"clip": "one"}, "the gradients are clipped to a total norm of 1.0, not to "
+     "recipe.max_grad_norm (the checker's recipes use other values)"),
     ({"clip": "per_group"}, "the gradients are clipped group by group (the matrices, then the "
      "vectors), each to max_grad_norm; the recipe clips the total norm of all the gradients "
      "together (one factor for all)"),
     ({"zero_grad": False}, "the gradients are never zeroed, so they add up from step to step"),
+    ({"zero_grad": "after_backward"}, "the update sees gradients of 0: they are zeroed between "
+     "backward() and the update, so only the decay moves the weights"),
 ]
 
 

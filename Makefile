@@ -46,7 +46,7 @@ $(STAMP): requirements.txt requirements-js.txt requirements-tl.txt pyproject.tom
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet torch==2.13.0
 	$(PIP) install --quiet -r requirements.txt
-	@# Lesson 12's TransformerLens without wandb, accelerate & co. (what it needs is in requirements.txt).
+	@# Lesson 12's TransformerLens without wandb, protobuf & co. (what it needs is in requirements.txt).
 	$(PIP) install --quiet --no-deps -r requirements-tl.txt
 	$(PIP) install --quiet --no-deps --require-hashes -r requirements-js.txt
 	$(PIP) install --quiet --no-deps -e .

@@ -57,12 +57,10 @@ NEEDED_WHEN = {
     "regex": ("course_lib.tokenization",),
     # TransformerLens's imports (requirements.txt); transformer-lens itself is in requirements-tl.txt
     "einops": ("transformer_lens", "lens_port"),
-    "fancy-einsum": ("transformer_lens", "lens_port"),
     "jaxtyping": ("transformer_lens", "lens_port"),
     "wadler_lindig": ("transformer_lens", "lens_port"),
-    "beartype": ("transformer_lens", "lens_port"),
-    "better-abc": ("transformer_lens", "lens_port"),
-    "typeguard": ("transformer_lens", "lens_port"),
+    "rich": ("transformer_lens", "lens_port"),
+    "accelerate": ("transformer_lens", "lens_port"),
     "datasets": ("transformer_lens", "lens_port"),
     "pandas": ("transformer_lens", "lens_port"),
 }

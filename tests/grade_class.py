@@ -256,8 +256,10 @@ def predicted_gradient():
 """
 GETSOURCE = """import inspect
 import course_lib.attention
+_ns = dict(vars(course_lib.attention), __name__="__main__")  # its helpers, under the learner's name
 exec(inspect.getsource(course_lib.attention.scaled_dot_product_attention).replace(
-    "def scaled_dot_product_attention", "def fixed_attention"))
+    "def scaled_dot_product_attention", "def fixed_attention"), _ns)
+fixed_attention = _ns["fixed_attention"]
 """
 TAMPER = """import pathlib
 try:  # another learner's notebook replaced, a file added: the sandbox shows neither folder

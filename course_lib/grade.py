@@ -2,11 +2,13 @@
 
     python -m course_lib.grade --out build/grades submissions/*.ipynb
     python -m course_lib.grade --out build/grades --timeout 60 --workers 2 submissions/
+    python -m course_lib.grade --out build/grades --sandbox none submissions/   (no bubblewrap)
 
 Each submission (a notebook, or every file of a folder) runs in its own fresh kernel, in a scratch
-copy of its lesson's folder, with a time limit per cell and per notebook and a memory limit; then the
-grader re-runs every checker itself on the learner's objects. The file name's stem is the learner's
-id; the lesson is recognised from the notebook's content. Writes DIR/grades.csv, DIR/grades_NN.csv
+copy of its lesson's folder, with a time limit per cell and per notebook and a memory limit, and
+(``--sandbox auto``, the default, where bubblewrap works) in a bwrap sandbox; then the grader re-runs
+every checker itself on the learner's objects. The first line printed says whether a sandbox is
+used. The file name's stem is the learner's id; the lesson is recognised from the notebook's content. Writes DIR/grades.csv, DIR/grades_NN.csv
 per lesson, DIR/report.html and DIR/feedback/<student>.html. See the README, "For instructors".
 """
 

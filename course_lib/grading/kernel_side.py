@@ -425,7 +425,7 @@ def recheck(spec, seed, limit, restore, nonce, solutions_dir, cells, user_ns=Non
                 threading.settrace(None)
                 signal.setitimer(signal.ITIMER_REAL, 0)
             cpu_after = cpu_of(learner_threads)
-            busy = [i for i in cpu_after if cpu_after[i] - cpu_before.get(i, cpu_after[i]) > 0.002]
+            busy = [i for i in cpu_after if cpu_after[i] - cpu_before.get(i, cpu_after[i]) > 0.0001]
             new = common.RESULTS[before:]
             if not message and len(new) == 1:
                 outcome = new[0].outcome

@@ -1189,14 +1189,14 @@ def test_generate_tryout_mistakes_are_named(fn, words):
 
 
 def test_generate_a_wrong_sampler_drawn_otherwise_is_not_given_a_near_miss_name():
-    """Top-k by gather with the logits divided by temperature squared: no named mistake fits its
+    """Top-k by gather with the logits divided by temperature cubed: no named mistake fits its
     draws (the likelihood ratio alone would pick the nearest one); the distribution test refuses
     it and says what it sees."""
 
     def my_generate(model, ids, max_new_tokens, temperature=1.0, top_k=None, generator=None):
         for _ in range(max_new_tokens):
             with torch.no_grad():
-                logits = model(ids[:, -model.config.max_len:])[:, -1] / temperature**2
+                logits = model(ids[:, -model.config.max_len:])[:, -1] / temperature**3
             v, ix = logits.topk(top_k or logits.size(-1))
             ids = torch.cat([ids, ix.gather(-1, torch.multinomial(v.softmax(-1), 1, generator=generator))], 1)
         return ids

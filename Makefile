@@ -125,7 +125,7 @@ benchmark: setup
 OUT ?= build/grades
 grade: setup
 	@test -n "$(SUBMISSIONS)" || { echo "usage: make grade SUBMISSIONS=folder [OUT=build/grades]"; exit 2; }
-	$(PY) -m course_lib.grade --out $(OUT) $(SUBMISSIONS)
+	$(PY) -m course_lib.grade --sandbox $(or $(SANDBOX),auto) --out $(OUT) $(SUBMISSIONS)
 
 # Lesson 11's measured tables (block ablation, length generalisation; 3 seeds each), written to
 # course_lib/results/ for the lesson to load. About 20 minutes; run it alone on a quiet machine.

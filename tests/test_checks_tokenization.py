@@ -1464,8 +1464,15 @@ def _encode(**knobs):
     return bpe_encode
 
 
+def _knobs_id(index: int, knobs: dict) -> str:
+    """A test id that is the same in every process: a callable knob by its name, never its address
+    (pytest-xdist's workers must collect the same ids)."""
+    parts = [f"{k}={getattr(v, '__name__', v) if callable(v) else v}" for k, v in knobs.items()]
+    return f"{index}-" + ",".join(parts)
+
+
 @pytest.mark.parametrize("knobs, reason", checks10._ENCODE_MISTAKES,
-                         ids=[str(k) for k, _ in checks10._ENCODE_MISTAKES])
+                         ids=[_knobs_id(i, k) for i, (k, _) in enumerate(checks10._ENCODE_MISTAKES)])
 def test_bpe_encode_every_mistake_is_named(knobs, reason):
     with pytest.raises(CheckFailure, match="Likely mistake") as info:
         check_bpe_encode(_encode(**knobs))

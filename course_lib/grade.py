@@ -28,7 +28,8 @@ from pathlib import Path
 
 from .grading.lessons import read_lessons
 from .grading.report import write_all
-from .grading.runner import Graded, Settings, become_subreaper, configure_worker, end_processes, grade_submission
+from .grading.runner import (Graded, Settings, _needed_under_tmp, become_subreaper, configure_worker, end_processes,
+                             grade_submission)
 
 
 def _submissions(args: list[str]) -> list[Path]:
@@ -62,8 +63,12 @@ def _sandbox(choice: str) -> tuple[str, str]:
     works = False
     if found and sys.platform.startswith("linux"):
         try:
-            works = subprocess.run([found, "--ro-bind", "/", "/", "--unshare-net", "--unshare-pid",
-                                    "--die-with-parent", "true"], capture_output=True, timeout=30).returncode == 0
+            # the kernel's own start, as the sandbox will run it: this Python, importing course_lib
+            binds = [arg for path in _needed_under_tmp() for arg in ("--ro-bind", path, path)]
+            probe = [found, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
+                     *binds, "--unshare-net", "--unshare-pid", "--die-with-parent",
+                     sys.executable, "-c", "import course_lib"]
+            works = subprocess.run(probe, capture_output=True, timeout=60).returncode == 0
         except (OSError, subprocess.TimeoutExpired):
             works = False
     if choice == "bwrap" and not works:

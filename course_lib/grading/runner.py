@@ -67,13 +67,30 @@ def _worse(current: str, new: str) -> str:
     return min(current, new, key=STATUS_ORDER.index)
 
 
+def _needed_under_tmp() -> list[str]:
+    """The folders under /tmp that the kernel needs: the Python environment and course_lib's clone.
+    Outermost first, none inside another."""
+    import course_lib
+
+    candidates = {Path(sys.prefix), Path(sys.base_prefix), Path(sys.executable).parent,
+                  Path(sys.executable).resolve().parent, Path(course_lib.__file__).resolve().parents[1]}
+    needed = sorted({str(p.resolve()) for p in candidates if str(p.resolve()).startswith("/tmp/")})
+    return [p for p in needed if not any(p.startswith(q + "/") for q in needed if q != p)]
+
+
 def _sandbox_command(scratch: Path, settings: Settings) -> list[str]:
     """bwrap's arguments: the whole file system read-only, its own scratch folder writable, a
     private /tmp, /dev and /proc, no network, its own PID namespace (every process in it dies with
     it), the class's folders and the output folder hidden."""
     command = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
+    # What the kernel runs from may itself live under /tmp (a clone and its .venv there, as on a CI
+    # machine): the private /tmp would hide Python and course_lib, so they are bound back, read-only.
+    shown = _needed_under_tmp()
+    for path in shown:
+        command += ["--ro-bind", path, path]
     for hidden in settings.hidden:
-        if hidden == "/tmp" or hidden.startswith("/tmp/"):
+        under_tmp = hidden == "/tmp" or hidden.startswith("/tmp/")
+        if under_tmp and not any(hidden == p or hidden.startswith(p + "/") for p in shown):
             continue  # the private /tmp hides it already
         if Path(hidden).is_dir():
             command += ["--tmpfs", hidden]

@@ -316,6 +316,19 @@ def _read_payloads(payloads: list[str], nonce: str, row: Graded) -> dict[str, An
     return checked
 
 
+def _close_sockets(client: Any) -> None:
+    """Close every zmq socket of this submission's kernel manager and client now, with linger 0. A
+    context left to the garbage collector is terminated later, inside another submission's work
+    (seen: while reading the next notebook), and blocks there forever on a socket whose kernel is gone."""
+    for owner in (getattr(client, "kc", None), getattr(client, "km", None)):
+        context = getattr(owner, "context", None)
+        if context is not None:
+            try:
+                context.destroy(linger=0)
+            except Exception:  # noqa: BLE001 (already closed)
+                pass
+
+
 def _run(nb: Any, lesson: Lesson, scratch: Path, settings: Settings, row: Graded) -> None:
     """Execute the cells in a limited kernel, then the re-check; fill ``row``."""
     from nbclient.exceptions import DeadKernelError
@@ -365,6 +378,8 @@ def _run(nb: Any, lesson: Lesson, scratch: Path, settings: Settings, row: Graded
         alive = False
         row.status = _worse(row.status, "kernel died")
         row.notes.append(f"the run stopped: {type(err).__name__}: {str(err)[:200]}")
+    finally:
+        _close_sockets(client)
     del nb.cells[len(learner_cells):]
     if client.timed_out:
         row.status = _worse(row.status, "timeout")

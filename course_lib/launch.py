@@ -86,11 +86,11 @@ def _worker(fn: Callable[..., Any], rank: int, world_size: int, args: Sequence[A
             result = fn(rank, world_size, *args)
         finally:
             dist.destroy_process_group()
-        torch.save({"ok": True, "result": result}, out)
+        _save_record({"ok": True, "result": result}, out)
     except BaseException as err:  # noqa: BLE001 (report every failure to the parent)
         text = "".join(traceback.format_exception(type(err), err, err.__traceback__))
         try:
-            torch.save({"ok": False, "error": f"{type(err).__name__}: {err}", "traceback": text}, out)
+            _save_record({"ok": False, "error": f"{type(err).__name__}: {err}", "traceback": text}, out)
         finally:
             os._exit(1)
 
@@ -125,6 +125,23 @@ def _module_for(objects: Sequence[Any], folder: str) -> str:
     with open(path, "w", encoding="utf-8") as file:
         file.write(PRELUDE + "\n\n" + "\n\n".join(sources))
     return path
+
+
+def _save_record(record: dict[str, Any], out: str) -> None:
+    """Write a rank's result or error whole, then rename it into place: the parent may read the
+    folder while a rank that is still running writes (a peer's failure reaches it in a collective)."""
+    torch.save(record, out + ".part")
+    os.replace(out + ".part", out)
+
+
+def _load_record(out: str) -> dict[str, Any] | None:
+    """A rank's record, or None if it wrote none (yet)."""
+    if not os.path.exists(out):
+        return None
+    try:
+        return torch.load(out, weights_only=False)
+    except Exception:  # noqa: BLE001 (a rank killed while it wrote: no record)
+        return None
 
 
 def run_on_ranks(fn: Callable[..., Any], world_size: int = 2, args: Sequence[Any] = (), *,
@@ -173,7 +190,7 @@ def run_on_ranks(fn: Callable[..., Any], world_size: int = 2, args: Sequence[Any
         results, errors = [], []
         for rank, p in enumerate(processes):
             out = os.path.join(folder, f"rank{rank}.pt")
-            record = torch.load(out, weights_only=False) if os.path.exists(out) else None
+            record = _load_record(out)
             if record is not None and record["ok"] and p.exitcode in (None, 0):
                 results.append(record["result"])
             elif record is not None and not record["ok"]:

@@ -20,6 +20,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -28,9 +29,13 @@ from grade_class import GRADIENT_MISTAKES, MARK, build, build_plain, build_sandb
 from course_lib.grade import _sandbox
 from course_lib.grading.lessons import read_lessons
 from course_lib.grading.report import mistake_of
+from course_lib.grading.runner import socket_folder
 
 ROOT = Path(__file__).resolve().parent.parent
 SANDBOX = _sandbox("auto")[0] == "bwrap"
+# the class's TMPDIR is long on purpose: its scratch folders' socket paths would pass a Unix
+# socket's 107 characters, as pytest's own temporary folders do on some machines
+TMP_CLASS = "tmp_class_" + "long" * 15
 
 
 def _digest(folder: Path, pattern: str = "*") -> str:
@@ -85,12 +90,13 @@ def graded(tmp_path_factory):
     write(main_class, tmp / "class")
     write(slow, tmp / "slow")
     write(plain, tmp / "plain")
+    sockets_before = set(Path("/tmp").glob("grade-ipc-*"))
     before = (_digest(tmp / "class"), _digest(ROOT / "notebooks", "0[0-2]_*.ipynb"))  # the class's lessons
     # The endless loop burns a core for its 5 s limit, twice (its cell, then the re-check); it runs
     # beside the class's call, not after it. Lesson 00's slowest cell takes under 1 s.
     slow_call = _start_grading(tmp / "out_slow", tmp / "slow", tmp / "tmp_slow", "--timeout", "5")
     try:
-        log = _finish_grading(_start_grading(tmp / "out", tmp / "class", tmp / "tmp_class",
+        log = _finish_grading(_start_grading(tmp / "out", tmp / "class", tmp / TMP_CLASS,
                                              "--workers", "2", "--timeout", "120"))
         plain_log = _finish_grading(_start_grading(tmp / "out_plain", tmp / "plain", tmp / "tmp_plain",
                                                    "--workers", "2", "--timeout", "120", "--sandbox", "none"))
@@ -101,7 +107,8 @@ def graded(tmp_path_factory):
     _finish_grading(slow_call)
     after = (_digest(tmp / "class"), _digest(ROOT / "notebooks", "0[0-2]_*.ipynb"))  # the class's lessons
     left = _left_behind(tmp)
-    tmp_files = [str(p) for d in ("tmp_slow", "tmp_class", "tmp_plain") for p in (tmp / d).rglob("*")]
+    tmp_files = [str(p) for d in ("tmp_slow", TMP_CLASS, "tmp_plain") for p in (tmp / d).rglob("*")]
+    tmp_files += [str(p) for p in set(Path("/tmp").glob("grade-ipc-*")) - sockets_before]
     return {"tmp": tmp, "class": main_class, "slow": slow, "plain": plain, "before": before, "after": after,
             "log": log, "plain_log": plain_log, "left": left, "tmp_files": tmp_files}
 
@@ -155,6 +162,20 @@ def test_the_submissions_and_the_lessons_are_untouched(graded):
 def test_no_process_kernel_or_temporary_file_is_left(graded):
     assert graded["left"] == []
     assert graded["tmp_files"] == []
+
+
+def test_sockets_go_where_their_paths_fit(tmp_path):
+    short = Path(tempfile.mkdtemp(prefix="g-", dir="/tmp"))
+    long = tmp_path / ("x" * 100)
+    long.mkdir()
+    try:
+        assert socket_folder(short) == short / "ipc" and (short / "ipc").is_dir()
+        outside = socket_folder(long)
+        assert long not in outside.parents and len(str(outside / "kernel-99")) <= 107
+        assert outside.is_dir() and not (long / "ipc").exists()
+        outside.rmdir()
+    finally:
+        shutil.rmtree(short)
 
 
 def test_the_first_line_says_whether_kernels_are_sandboxed(graded):

@@ -63,6 +63,9 @@ class Graded:
         return {k: int(r["outcome"] == "passed") for k, r in self.results.items()}
 
 
+_SOCKET_PATH_MAX = 107  # a Unix socket's address: sockaddr_un.sun_path less its closing NUL
+
+
 def _worse(current: str, new: str) -> str:
     return min(current, new, key=STATUS_ORDER.index)
 
@@ -78,7 +81,28 @@ def _needed_under_tmp() -> list[str]:
     return [p for p in needed if not any(p.startswith(q + "/") for q in needed if q != p)]
 
 
-def _sandbox_command(scratch: Path, settings: Settings) -> list[str]:
+def socket_folder(scratch: Path) -> Path:
+    """Where the kernel's IPC sockets go: ``scratch/ipc`` when their paths fit a Unix socket's
+    address (107 characters), else a short folder of their own under /tmp or /dev/shm. A long
+    TMPDIR, such as pytest's own temporary folders, makes ``scratch/ipc/kernel-1`` too long, and
+    the kernel could not start."""
+    inside = scratch / "ipc"
+    if len(str(inside / "kernel-99")) <= _SOCKET_PATH_MAX:
+        inside.mkdir(exist_ok=True)
+        return inside
+    for base in ("/tmp", "/dev/shm"):
+        try:
+            folder = Path(tempfile.mkdtemp(prefix="grade-ipc-", dir=base))
+        except OSError:
+            continue
+        if len(str(folder / "kernel-99")) <= _SOCKET_PATH_MAX:
+            return folder
+        folder.rmdir()
+    raise RuntimeError(f"no folder for the kernel's sockets: {inside} is longer than a Unix socket's "
+                       f"{_SOCKET_PATH_MAX} characters and /tmp is not writable; set TMPDIR to a shorter folder")
+
+
+def _sandbox_command(scratch: Path, sockets: Path, settings: Settings) -> list[str]:
     """bwrap's arguments: the whole file system read-only, its own scratch folder writable, a
     private /tmp, /dev and /proc, no network, its own PID namespace (every process in it dies with
     it), the class's folders and the output folder hidden."""
@@ -96,26 +120,30 @@ def _sandbox_command(scratch: Path, settings: Settings) -> list[str]:
             command += ["--tmpfs", hidden]
         elif Path(hidden).exists():
             command += ["--ro-bind", "/dev/null", hidden]
-    command += ["--bind", str(scratch), str(scratch), "--chdir", str(scratch / "work"),
+    command += ["--bind", str(scratch), str(scratch)]
+    if scratch not in sockets.parents:  # the kernel's sockets live outside it (a long scratch path)
+        command += ["--bind", str(sockets), str(sockets)]
+    command += ["--chdir", str(scratch / "work"),
                 "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
                 "--die-with-parent", "--new-session", "--"]
     return command
 
 
-def _kernel_manager(scratch: Path, settings: Settings) -> Any:
+def _kernel_manager(scratch: Path, sockets: Path, settings: Settings) -> Any:
     from jupyter_client.manager import AsyncKernelManager
 
     launcher = str(_HERE / "limits.py")
-    sandbox = _sandbox_command(scratch, settings) if settings.sandbox == "bwrap" else []
+    sandbox = _sandbox_command(scratch, sockets, settings) if settings.sandbox == "bwrap" else []
 
     class LimitedKernelManager(AsyncKernelManager):
         def format_kernel_cmd(self, extra_arguments: list[str] | None = None) -> list[str]:
             command = super().format_kernel_cmd(extra_arguments)
             return [*sandbox, sys.executable, launcher, str(settings.memory_bytes), "--", *command]
 
-    # IPC sockets in the scratch folder: no TCP port (and no "running over TCP" warning), and
-    # nothing another submission's kernel can reach
-    manager = LimitedKernelManager(kernel_name="python3", transport="ipc", ip=str(scratch / "ipc" / "kernel"),
+    # IPC sockets in a folder of this submission's own: no TCP port (and no "running over TCP"
+    # warning), and nothing another submission's kernel can reach. The connection file stays in the
+    # scratch folder, so the kernel's command line names it.
+    manager = LimitedKernelManager(kernel_name="python3", transport="ipc", ip=str(sockets / "kernel"),
                                    connection_file=str(scratch / "ipc" / "kernel.json"))
     if sandbox:  # a SIGINT to bwrap's process group would end bwrap, not reach the kernel: the kernel
         manager.kernel_spec.interrupt_mode = "message"  # interrupts itself on an interrupt_request
@@ -134,7 +162,7 @@ def _kernel_env(scratch: Path) -> dict[str, str]:
     return env
 
 
-def _client(nb: Any, scratch: Path, settings: Settings) -> Any:
+def _client(nb: Any, scratch: Path, sockets: Path, settings: Settings) -> Any:
     from nbclient import NotebookClient
 
     class Client(NotebookClient):
@@ -167,7 +195,7 @@ def _client(nb: Any, scratch: Path, settings: Settings) -> Any:
     error = {"ename": "TimeoutError", "evalue": f"cell exceeded {settings.cell_timeout:g} s",
              "traceback": []}
     client = Client(nb, timeout=settings.cell_timeout, allow_errors=True, interrupt_on_timeout=True,
-                    error_on_timeout=error, km=_kernel_manager(scratch, settings), record_timing=False,
+                    error_on_timeout=error, km=_kernel_manager(scratch, sockets, settings), record_timing=False,
                     shutdown_kernel="immediate", resources={"metadata": {"path": str(scratch / "work")}})
     client.owns_km = True  # nbclient shuts the kernel down when setup_kernel's block ends
     client.payloads = []
@@ -329,7 +357,7 @@ def _close_sockets(client: Any) -> None:
                 pass
 
 
-def _run(nb: Any, lesson: Lesson, scratch: Path, settings: Settings, row: Graded) -> None:
+def _run(nb: Any, lesson: Lesson, scratch: Path, sockets: Path, settings: Settings, row: Graded) -> None:
     """Execute the cells in a limited kernel, then the re-check; fill ``row``."""
     from nbclient.exceptions import DeadKernelError
     from nbformat.v4 import new_code_cell
@@ -344,7 +372,7 @@ def _run(nb: Any, lesson: Lesson, scratch: Path, settings: Settings, row: Graded
     cells = [c.source for c in nb.cells if c.cell_type == "code"]
     recheck = (f"{grader}['recheck']({spec!r}, {_recheck_seed(settings.seed)}, {settings.cell_timeout}, "
                f"{grader}['restore'], {nonce!r}, {str(COURSE_LIB / 'solutions')!r}, {cells!r})\nNone")
-    client = _client(nb, scratch, settings)
+    client = _client(nb, scratch, sockets, settings)
     start = time.monotonic()
     alive = True
     learner_cells = list(nb.cells)
@@ -441,11 +469,13 @@ def grade_submission(path: Path, settings: Settings, lessons: dict[str, Lesson] 
     moved = _moved_stubs(nb, lesson)
     keep = set(_descendants(os.getpid()))
     scratch = Path(tempfile.mkdtemp(prefix=f"grade-{secrets.token_hex(4)}-", dir=settings.scratch_root))
+    sockets = scratch / "ipc"
     try:
+        sockets = socket_folder(scratch)
         shutil.copytree(lesson.path.parent, scratch / "work", dirs_exist_ok=True,
                         ignore=shutil.ignore_patterns("*.ipynb", ".ipynb_checkpoints"))
         nbformat.write(nb, scratch / "work" / lesson.path.name)
-        _run(nb, lesson, scratch, settings, row)
+        _run(nb, lesson, scratch, sockets, settings, row)
     except Exception as err:  # noqa: BLE001 (the grader's own trouble is this row's, not the batch's)
         row.status = _worse(row.status, "grader error")
         row.notes.append(f"the grader failed on it: {type(err).__name__}: {str(err)[:200]}")
@@ -454,6 +484,7 @@ def grade_submission(path: Path, settings: Settings, lessons: dict[str, Lesson] 
         if left:
             row.notes.append(f"ended {left} process(es) the notebook left running")
         shutil.rmtree(scratch, ignore_errors=True)
+        shutil.rmtree(sockets, ignore_errors=True)
     if moved:
         row.status = _worse(row.status, "stub moved")
         row.notes.append("the stub cell of " + ", ".join(moved) + " is gone and its name is defined after "

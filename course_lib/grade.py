@@ -3,13 +3,17 @@
     python -m course_lib.grade --out build/grades submissions/*.ipynb
     python -m course_lib.grade --out build/grades --timeout 60 --workers 2 submissions/
     python -m course_lib.grade --out build/grades --sandbox none submissions/   (no bubblewrap)
+    python -m course_lib.grade --out build/grades --roster roster.csv --points 00.gradient=2 submissions/
+    python -m course_lib.grade --out build/shard2 --shard 2/3 submissions/   (then course_lib.grading.merge)
 
 Each submission (a notebook, or every file of a folder) runs in its own fresh kernel, in a scratch
 copy of its lesson's folder, with a time limit per cell and per notebook and a memory limit, and
 (``--sandbox auto``, the default, where bubblewrap works) in a bwrap sandbox; then the grader re-runs
 every checker itself on the learner's objects. The first line printed says whether a sandbox is
-used. The file name's stem is the learner's id; the lesson is recognised from the notebook's content. Writes DIR/grades.csv, DIR/grades_NN.csv
-per lesson, DIR/report.html and DIR/feedback/<student>.html. See the README, "For instructors".
+used. The file name's stem is the learner's id; the lesson is recognised from the notebook's content.
+Writes DIR/grades.csv, DIR/grades_NN.csv per lesson, DIR/report.html, DIR/feedback/<student>.html
+and DIR/rows.json (for merging shards); with --roster (or --canvas-assignment) DIR/grades_canvas_NN.csv,
+with --moodle-id DIR/grades_moodle_NN.csv. See the README, "For instructors".
 """
 
 from __future__ import annotations
@@ -26,10 +30,12 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from multiprocessing import get_context
 from pathlib import Path
 
+from .grading import platforms
 from .grading.lessons import read_lessons
 from .grading.report import write_all
 from .grading.runner import (Graded, Settings, _needed_under_tmp, become_subreaper, configure_worker, end_processes,
                              grade_submission)
+from .grading.shards import parse_shard, shard_of, write_rows
 
 
 def _submissions(args: list[str]) -> list[Path]:
@@ -133,11 +139,30 @@ def main(argv: list[str] | None = None) -> int:
                         help="address-space limit per kernel (default: the machine's RAM / workers)")
     parser.add_argument("--sandbox", choices=["auto", "bwrap", "none"], default="auto",
                         help="run each kernel in a bubblewrap sandbox (auto: where bwrap works)")
+    parser.add_argument("--shard", default=None, metavar="K/N",
+                        help="grade only the K-th of N shares of the class (decided by the learner ids); "
+                             "merge the N output folders with python -m course_lib.grading.merge")
+    platforms.add_arguments(parser)
     parser.add_argument("submissions", nargs="+", help="notebooks, or folders of them")
     args = parser.parse_args(argv)
+    lessons = read_lessons()
+    try:  # bad options stop here, before any kernel starts, with what to fix (exit code 2)
+        shard = parse_shard(args.shard) if args.shard else None
+        platform = platforms.from_arguments(args, lessons)
+    except ValueError as err:
+        parser.error(str(err))
+    try:
+        everyone = _submissions(args.submissions)
+    except SystemExit as err:  # a missing file, two files with one learner id: what to fix, exit code 2
+        parser.exit(2, f"{err}\n")
     mode, line = _sandbox(args.sandbox)
     print(line, flush=True)
-    paths = _submissions(args.submissions)
+    paths = everyone
+    if shard:
+        mine = shard_of([p.stem for p in everyone], *shard)
+        paths = [p for p in everyone if p.stem in mine]
+        print(f"grade: shard {shard[0]}/{shard[1]}: {len(paths)} of the class's {len(everyone)} submissions",
+              flush=True)
     # every submission is read now, before any learner's code runs: a kernel cannot swap another's
     contents = {}
     for path in paths:
@@ -145,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
             contents[path] = path.read_bytes().decode("utf-8", errors="replace")
         except OSError as err:
             contents[path] = f"unreadable: {err}"
-    workers = max(1, min(args.workers, len(paths)))
+    workers = max(1, min(args.workers, max(1, len(paths))))
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     memory = int(args.memory_gb * 2**30) if args.memory_gb else max(4 * 2**30, ram // workers)
     hidden = sorted({str(p.resolve().parent) for p in paths if not _holds_course(p.resolve().parent)}
@@ -159,14 +184,34 @@ def main(argv: list[str] | None = None) -> int:
     start = time.monotonic()
     become_subreaper()
     try:
-        rows = grade_all(paths, settings, workers, contents)
+        rows = grade_all(paths, settings, workers, contents) if paths else []
     finally:
         shutil.rmtree(scratch_root, ignore_errors=True)
-    write_all(args.out, rows, read_lessons(), sandbox=line)
     graded = sum(r.status == "graded" for r in rows)
     print(f"grade: {len(rows)} submissions ({graded} graded cleanly) in {time.monotonic() - start:.0f} s on "
-          f"{workers} worker(s), sandbox {mode}; wrote {args.out}/grades.csv, report.html, feedback/")
+          f"{workers} worker(s), sandbox {mode}")
+    for written in write_outputs(args.out, rows, lessons, line, platform, shard, [p.stem for p in everyone]):
+        print(f"grade: {written}", flush=True)
     return 0
+
+
+def write_outputs(out: Path, rows: list[Graded], lessons: dict, sandbox: str, platform: platforms.Platform,
+                  shard: tuple[int, int] | None, class_stems: list[str]) -> list[str]:
+    """Every file of a run (a shard writes no platform files and no roster lists: it holds only
+    part of the class; the merge writes them); returns the log's lines. ``merge`` calls it too."""
+    write_rows(out, rows, class_stems, shard, sandbox, platform.record())
+    matched = None if shard else platforms.roster_match(platform, rows)
+    key = platform.roster.key if platform.roster else ""
+    write_all(out, rows, lessons, sandbox=sandbox, points=platform.points, matched=matched, key=key)
+    lines = platforms.roster_lines(matched, key)
+    written = ["grades.csv", "grades_NN.csv", "report.html", "feedback/", "rows.json"]
+    if shard:
+        lines.append(f"shard {shard[0]}/{shard[1]}: platform files and roster lists are written by "
+                     "python -m course_lib.grading.merge --out DIR SHARD_DIR...")
+    else:
+        written += platforms.write_platform(out, rows, lessons, platform, matched)
+    lines.append(f"wrote {out}/: " + ", ".join(written))
+    return lines
 
 
 def _holds_course(folder: Path) -> bool:

@@ -1,8 +1,9 @@
 """What the grader writes: grades.csv (one per class and one per lesson), report.html, feedback pages.
 
 grades.csv: one row per submission; ``student``, ``lesson``, one column per checked exercise of the
-lessons present (named by solution key, ``01.attention``; 1 passed, 0 not; empty when the exercise
-belongs to another lesson or the notebook could not be read), ``total`` and ``status``.
+lessons present (named by solution key, ``01.attention``; the exercise's points if passed (1 unless
+``--points`` weights it), 0 if not; empty when the exercise belongs to another lesson or the
+notebook could not be read), ``total`` (the sum of the points) and ``status``.
 grades_NN.csv: the same rows for lesson NN only, with exactly that lesson's exercise columns: the
 file to import into a learning platform's assignment for that lesson.
 """
@@ -15,6 +16,8 @@ from collections import Counter
 from pathlib import Path
 
 from .lessons import Lesson
+from .points import earned, number
+from .roster import RosterMatch, describe
 from .runner import Graded
 
 _STYLE = """body{font-family:system-ui,sans-serif;max-width:60em;margin:2em auto;padding:0 1em;color:#222}
@@ -28,14 +31,14 @@ def _columns(rows: list[Graded], lessons: dict[str, Lesson]) -> list[str]:
     return [k for lid in present for k in lessons[lid].keys]
 
 
-def _csv(path: Path, rows: list[Graded], keys: list[str]) -> None:
+def _csv(path: Path, rows: list[Graded], keys: list[str], points: dict[str, float]) -> None:
     with path.open("w", newline="", encoding="utf-8") as f:
         out = csv.writer(f)
         out.writerow(["student", "lesson", *keys, "total", "status"])
         for r in rows:
-            marks = r.marks()
-            out.writerow([r.student, r.lesson, *[marks.get(k, "") for k in keys],
-                          sum(marks.values()), r.status])
+            marks = earned(r.results, points)
+            out.writerow([r.student, r.lesson, *[number(marks[k]) if k in marks else "" for k in keys],
+                          number(sum(marks.values())), r.status])
 
 
 def mistake_of(result: dict[str, str]) -> tuple[str, str]:
@@ -72,7 +75,26 @@ def _chart(shares: list[tuple[str, float, int]]) -> str:
     return "".join(parts)
 
 
-def _report(rows: list[Graded], lessons: dict[str, Lesson], sandbox: str = "") -> str:
+def _roster_section(matched: RosterMatch | None, key: str) -> str:
+    """Who is on one side only: submissions not in the roster, roster learners with no submission."""
+    if matched is None:
+        return ""
+    esc = html.escape
+    lost = ("".join(f"<li>{esc(s)}</li>" for s in matched.not_in_roster)
+            if matched.not_in_roster else "")
+    missing = ("".join(f"<li>{esc(describe(r, key))}</li>" for r in matched.no_submission)
+               if matched.no_submission else "")
+    return ("<h2>The roster</h2>"
+            f"<p>{len(matched.matched)} submissions matched to the roster by its column <b>{esc(key)}</b>.</p>"
+            f"<h3>Submissions not in the roster ({len(matched.not_in_roster)})</h3>"
+            + (f"<p>Their rows are kept, marked <i>(not in roster)</i> in grades_canvas_NN.csv and left out of "
+               f"grades_moodle_NN.csv.</p><ul>{lost}</ul>" if lost else "<p>None.</p>")
+            + f"<h3>In the roster, no submission ({len(matched.no_submission)})</h3>"
+            + (f"<ul>{missing}</ul>" if missing else "<p>None.</p>"))
+
+
+def _report(rows: list[Graded], lessons: dict[str, Lesson], sandbox: str = "",
+            matched: RosterMatch | None = None, roster_key: str = "") -> str:
     esc = html.escape
     graded = [r for r in rows if r.lesson and r.results]
     shares, pass_rows, mistakes = [], [], []
@@ -115,6 +137,7 @@ def _report(rows: list[Graded], lessons: dict[str, Lesson], sandbox: str = "") -
             + (_table(["student", "exercises"], peeks) if peeks else "<p>Nobody.</p>")
             + "<h2>Submissions with problems</h2>"
             + (_table(["student", "lesson", "status", "details"], trouble) if trouble else "<p>None.</p>")
+            + _roster_section(matched, roster_key)
             + "</body></html>")
 
 
@@ -141,13 +164,16 @@ def _feedback(row: Graded, lessons: dict[str, Lesson]) -> str:
             f"{status}{table}</body></html>")
 
 
-def write_all(out: Path, rows: list[Graded], lessons: dict[str, Lesson], sandbox: str = "") -> None:
-    """grades.csv, grades_NN.csv per lesson, report.html and feedback/<student>.html under ``out``."""
+def write_all(out: Path, rows: list[Graded], lessons: dict[str, Lesson], sandbox: str = "",
+              points: dict[str, float] | None = None, matched: RosterMatch | None = None, key: str = "") -> None:
+    """grades.csv, grades_NN.csv per lesson, report.html and feedback/<student>.html under ``out``;
+    ``points`` weights exercises (default 1 each), ``matched`` adds the roster's section to the report."""
     rows = sorted(rows, key=lambda r: r.student)
+    points = points or {}
     (out / "feedback").mkdir(parents=True, exist_ok=True)
-    _csv(out / "grades.csv", rows, _columns(rows, lessons))
+    _csv(out / "grades.csv", rows, _columns(rows, lessons), points)
     for lid in sorted({r.lesson for r in rows if r.lesson}):
-        _csv(out / f"grades_{lid}.csv", [r for r in rows if r.lesson == lid], lessons[lid].keys)
-    (out / "report.html").write_text(_report(rows, lessons, sandbox), encoding="utf-8")
+        _csv(out / f"grades_{lid}.csv", [r for r in rows if r.lesson == lid], lessons[lid].keys, points)
+    (out / "report.html").write_text(_report(rows, lessons, sandbox, matched, key), encoding="utf-8")
     for r in rows:
         (out / "feedback" / f"{r.student}.html").write_text(_feedback(r, lessons), encoding="utf-8")

@@ -36,7 +36,7 @@ import torch.nn.functional as F
 
 from .masks import padding_mask
 
-__all__ = ["greedy_decode", "beam_search", "sample", "filter_logits", "length_penalty_factor"]
+__all__ = ["greedy_decode", "beam_search", "sample", "filter_logits", "next_token", "length_penalty_factor"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -299,6 +299,23 @@ def filter_logits(
         drop = drop_sorted.scatter(-1, order, drop_sorted)  # back to vocabulary order
         logits = logits.masked_fill(drop, float("-inf"))
     return logits
+
+
+def next_token(
+    logits: torch.Tensor,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+    greedy: bool = False,
+) -> torch.Tensor:
+    """One next id per row of ``logits (B, V)``; returns ``(B,)``: the argmax if ``greedy``, else a
+    draw from ``softmax(filter_logits(logits / temperature, top_k, top_p))`` with ``generator``
+    (a decoder-only model's sampling step: ``GPT.generate``, ``generate_paged``)."""
+    if greedy:
+        return logits.argmax(dim=-1)
+    probs = filter_logits(logits / temperature, top_k, top_p).softmax(dim=-1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(1)  # (B, 1) -> (B,)
 
 
 @torch.no_grad()

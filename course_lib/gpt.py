@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .decoding import filter_logits
+from .decoding import filter_logits, next_token
 from .embeddings import TransformerEmbedding, _check_ids, _check_size, _check_tensor
 from .layers import Encoder
 from .masks import causal_mask
@@ -336,11 +336,7 @@ class GPT(nn.Module):
                 self.train(was_training)
                 raise ValueError("GPT.generate: the model's logits contain NaN or inf, so no token "
                                  "can be drawn; its weights are not finite (did training diverge?)")
-            if greedy:
-                next_id = logits.argmax(dim=-1)
-            else:
-                probs = filter_logits(logits / temperature, top_k, top_p).softmax(dim=-1)
-                next_id = torch.multinomial(probs, 1, generator=generator).squeeze(1)  # (B,)
+            next_id = next_token(logits, temperature, top_k, top_p, generator, greedy)  # (B,)
             out = torch.cat([out, next_id.unsqueeze(1)], dim=1)
         self.train(was_training)
         return out

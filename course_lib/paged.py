@@ -22,7 +22,7 @@ import math
 
 import torch
 
-from .decoding import filter_logits
+from .decoding import next_token
 from .model import KVCache
 
 __all__ = ["PagedKVCache", "PagedLayerView", "paged_cache_for", "generate_paged",
@@ -194,11 +194,7 @@ def generate_paged(
         for t in range(ids.size(1)):  # the prompt, one position at a time into the pages
             logits = model.step(ids[:, t], kv)
         for _ in range(max_new_tokens):
-            if greedy:
-                next_id = logits.argmax(dim=-1)
-            else:
-                probs = filter_logits(logits / temperature, top_k, top_p).softmax(dim=-1)
-                next_id = torch.multinomial(probs, 1, generator=generator).squeeze(1)  # (B,)
+            next_id = next_token(logits, temperature, top_k, top_p, generator, greedy)  # (B,)
             out = torch.cat([out, next_id.unsqueeze(1)], dim=1)
             if out.size(1) < ids.size(1) + max_new_tokens:  # the last token needs no logits
                 logits = model.step(next_id, kv)

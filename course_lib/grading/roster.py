@@ -69,7 +69,7 @@ def read_roster(path: Path, key: str = DEFAULT_KEY) -> Roster:
     first = text.split("\n", 1)[0]
     delimiter = ";" if first.count(";") > first.count(",") else ","  # some locales export with ';'
     try:
-        table = [row for row in csv.reader(io.StringIO(text), delimiter=delimiter)]
+        table = [row for row in csv.reader(io.StringIO(text), delimiter=delimiter, strict=True)]
     except csv.Error as err:
         raise ValueError(f"--roster: {path} is not a well-formed CSV file ({err})") from None
     table = [row for row in table if any(cell.strip() for cell in row)]

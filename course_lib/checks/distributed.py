@@ -114,13 +114,13 @@ def check_accumulation(fn: Callable[..., Any]) -> None:
             ]
             for grads_wrong, message in wrong:
                 if _close(grads, grads_wrong):
-                    raise CheckFailure(f"Likely mistake ({case}): {message}.")
+                    raise CheckFailure(f"Likely mistake ({case}): {message}.", mistake=message)
             last = _micro_grad(seed, x.chunk(k)[-1], y.chunk(k)[-1])
             for scale, message in ((1.0, "only the last micro-batch's gradient is left"),
                                    (1.0 / k, "only the last micro-batch's gradient (over k) is left")):
                 if _close(grads, {n: g * scale for n, g in last.items()}):
                     raise CheckFailure(f"Likely mistake ({case}): {message}: the gradients are zeroed "
-                                       "inside the loop; zero them once, before it.")
+                                       "inside the loop; zero them once, before it.", mistake=message)
             raise CheckFailure(f"Your gradients differ from the whole batch's by up to "
                                f"{_max_diff(grads, expected):.3g} ({case}), and none of the usual "
                                "mistakes explains it.")
@@ -245,7 +245,7 @@ def check_zero1_bytes(fn: Callable[[], Any]) -> None:
     ]
     for value, reason in named:
         if got == value:
-            raise CheckFailure(f"Not quite: {got:,} bytes. Hint: {reason}.")
+            raise CheckFailure(f"Not quite: {got:,} bytes. Hint: {reason}.", mistake=reason)
     raise CheckFailure(f"Not quite: {got:,} bytes. Count AdamW's numbers per weight, the bytes per "
                        f"float32, and which share of the {n:,} weights one of 2 ranks keeps.")
 

@@ -362,7 +362,7 @@ def check_token_norm_prediction(fn) -> None:
     ]
     for value, what in confusions:
         if _near(guess, value):
-            raise CheckFailure(f"Your prediction {guess:g} is off: {what}. {why}")
+            raise CheckFailure(f"Your prediction {guess:g} is off: {what}. {why}", mistake=what)
     raise CheckFailure(f"Your prediction {guess:g} is off. {why}")
 
 

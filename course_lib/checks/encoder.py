@@ -673,7 +673,7 @@ def check_layer_norm_prediction(fn: Any) -> None:
         return
     for mistake in mistakes:
         if torch.allclose(got, mistake.compute(), atol=0.01):
-            raise CheckFailure(f"Not quite: {mistake.name}. {mistake.hint}")
+            raise CheckFailure(f"Not quite: {mistake.name}. {mistake.hint}", mistake=mistake.name)
     raise CheckFailure(
         "Not quite. For each token: subtract its mean, divide by sqrt(biased variance + eps); the "
         "gain is 1 "

@@ -131,7 +131,7 @@ def check_initial_loss(fn: Callable[[], Any]) -> None:
     ]
     for value, tol, reason in named:
         if close(value, tol):
-            raise CheckFailure(f"Not quite: {reason}. {why}")
+            raise CheckFailure(f"Not quite: {reason}. {why}", mistake=reason)
     if got < 0:
         reason = "a cross-entropy is never negative: it is minus the log of a probability <= 1"
     elif got < measured:
@@ -907,7 +907,7 @@ def _check_lm_loss(fn: Callable[..., Any]) -> None:
                 )
             for message, wrong in _loss_variants(model, window):
                 if _close64(got, wrong(), atol=1e-5):
-                    raise CheckFailure(f"Likely mistake ({case}): {message}.")
+                    raise CheckFailure(f"Likely mistake ({case}): {message}.", mistake=message)
         raise CheckFailure(
             f"Your loss is {got.item():.5f}, expected {expected.item():.5f} ({case}). None of the "
             "usual mistakes explains it: inputs window[:, :-1], targets window[:, 1:], logits "
@@ -1057,7 +1057,7 @@ def _check_generate(fn: Callable[..., Any]) -> None:
             except RuntimeError:  # a variant that cannot run here (no distribution) does not match
                 continue
             if torch.equal(got, wrong):
-                raise CheckFailure(f"Likely mistake ({case}): {message}.")
+                raise CheckFailure(f"Likely mistake ({case}): {message}.", mistake=message)
         again = _run_generate(fn, model, ids, n, temperature, top_k, 100 + seed, case, global_seed=7)
         if not torch.equal(again, got):
             raise CheckFailure(
@@ -1669,7 +1669,7 @@ def _check_lm_train(fn: Callable[..., Any]) -> None:
             except RuntimeError:  # a variant that cannot run on this case does not match
                 continue
             if _max_diff(model, variant_model) <= 10 * TRAIN_ATOL:
-                raise CheckFailure(f"Likely mistake ({case}): {message}.")
+                raise CheckFailure(f"Likely mistake ({case}): {message}.", mistake=message)
         same = next((s for s, (a, b) in enumerate(zip(got_losses, expected))
                      if not math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9)), None)
         if same is None:

@@ -165,7 +165,7 @@ def check_kv_bytes(fn: Callable[[], Any]) -> None:
         raise CheckFailure("Not quite: a number of bytes is never negative.")
     for value, reason in kv_bytes_mistakes():
         if abs(got - value) <= 1e-9 * value:
-            raise CheckFailure(f"Not quite: {reason}.")
+            raise CheckFailure(f"Not quite: {reason}.", mistake=reason)
     if abs(got - right) <= 0.05 * right:
         reason = ("close, but a cache holds an exact number of bytes: multiply the sizes exactly, "
                   "and return plain bytes (not KB, KiB or MB)")

@@ -179,7 +179,7 @@ def _check_score_bytes(fn: Callable[[], Any]) -> None:
         return
     for factor, reason in _SCORE_MISCOUNTS:
         if abs(got - right * factor) <= 1e-9 * right * factor:
-            raise CheckFailure(f"Not quite: {reason}.")
+            raise CheckFailure(f"Not quite: {reason}.", mistake=reason)
     for unit, name in ((2**30, "GiB"), (1e9, "GB"), (2**20, "MiB"), (1e6, "MB")):
         if abs(got - right / unit) <= 0.01 * right / unit:
             raise CheckFailure(f"That looks like {name}: return plain bytes.")
@@ -314,7 +314,7 @@ def _check_merge_states(fn: Callable[..., Any]) -> None:
             continue
         for reason, wrong in _merge_mistakes():
             if all(t.shape == x.shape and _near(t, x) for t, x in zip((m, ell, o), wrong(*inputs))):
-                raise CheckFailure(f"Likely mistake ({case}): {reason}.")
+                raise CheckFailure(f"Likely mistake ({case}): {reason}.", mistake=reason)
         names = [n for n, t, e in zip(("m", "ell", "o"), (m, ell, o), expected) if not _near(t, e)]
         raise CheckFailure(f"Not yet ({case}): {', '.join(names)} differ from the state of all the keys "
                            "together. Check on one row with pen and paper: m is the larger maximum, and "
@@ -421,7 +421,7 @@ def _check_flash_fix(fn: Callable[..., Any]) -> None:
                                                     "L_k is not a multiple of block_k here"),
                              ("no scale", "the scores are not divided by sqrt(head_dim)")):
             if _max_diff(got, _one_head(q, k, v, block_k, knob)) <= FIX_TOL:
-                raise CheckFailure(f"Not yet ({case}): {reason}.")
+                raise CheckFailure(f"Not yet ({case}): {reason}.", mistake=reason)
         raise CheckFailure(f"Not yet ({case}): your output differs from exact attention by up to "
                            f"{diff:.3g}. Print m, ell and o after each block for one query and compare "
                            "with the softmax of its scores.")
@@ -584,7 +584,7 @@ def _check_flash_forward(fn: Callable[..., Any]) -> None:
             wrong = (_tiled_knob(qd, kd, vd, causal, bq, bk, knob) if tiled
                      else _ref_forward(qd, kd, vd, causal, knob))
             if _max_diff(_f64(out), wrong[0]) <= tol and _max_diff(_f64(lse), wrong[1]) <= tol:
-                raise CheckFailure(f"Likely mistake ({case}): {reason}.")
+                raise CheckFailure(f"Likely mistake ({case}): {reason}.", mistake=reason)
         which = [name for name, diff in (("out", d_out), ("lse", d_lse)) if diff > tol]
         raise CheckFailure(f"Not yet ({case}): {' and '.join(which)} differ from SDPA's attention and "
                            f"the logsumexp of the scores (largest difference {max(d_out, d_lse):.3g}). "

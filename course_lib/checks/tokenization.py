@@ -623,7 +623,7 @@ def check_merge(fn: Callable[..., Any]) -> None:
                     raise CheckFailure(message + " Follow your loop by hand on this list, then run "
                                        "the checker again.")
                 raise CheckFailure(f"{message} Likely mistake: {more}. show_solution(\"10.merge\") "
-                                   "shows a fix.")
+                                   "shows a fix.", mistake=more)
         raise CheckFailure(f"Wrong result ({label}): you return {got}, expected {expected}. None "
                            "of the usual mistakes explains it; follow your loop by hand on this "
                            "list.")
@@ -841,7 +841,7 @@ def check_wordpiece(fn: Callable[..., Any]) -> None:
         shown = f"you return {_short_list(got)}, expected {_short_list(expected)}"
         for knobs, reason in _WORDPIECE_MISTAKES:
             if got == reference_wordpiece(word, vocab, **knobs):
-                raise CheckFailure(f"Likely mistake ({label}): {shown}: {reason}.")
+                raise CheckFailure(f"Likely mistake ({label}): {shown}: {reason}.", mistake=reason)
         if UNK in got and expected == [UNK]:
             raise CheckFailure(f"Likely mistake ({label}): {shown}: {_WHOLE_WORD}.")
         if [t.removeprefix("##") for t in got] == [t.removeprefix("##") for t in expected]:
@@ -1203,7 +1203,7 @@ def _name_encode_mistake(outputs: list) -> None:
         for knobs, reason in _ENCODE_MISTAKES:
             checked = outputs if every else wrong[:1]
             if all(g == reference_bpe_encode(t, m, **knobs) for _, t, m, g, _ in checked):
-                raise CheckFailure(f"Likely mistake ({label}): {shown}: {reason}.")
+                raise CheckFailure(f"Likely mistake ({label}): {shown}: {reason}.", mistake=reason)
     chunks = _split(text)
     if len(chunks) > 1 and got == reference_bpe_encode(chunks[-1], merges):
         raise CheckFailure(f"Likely mistake ({label}): {shown}: your result holds only the last "
@@ -1451,7 +1451,7 @@ def _name_train_mistake(outputs: list) -> None:
             checked = outputs if every else wrong[:1]
             if all(g == sorted(reference_train_bpe(t, n, **knobs).items(),
                                key=lambda item: item[1]) for _, t, n, g, _ in checked):
-                raise CheckFailure(f"Likely mistake ({label}): {shown}: {reason}.")
+                raise CheckFailure(f"Likely mistake ({label}): {shown}: {reason}.", mistake=reason)
     ids = [n for _, n in got]
     if ids != list(range(256, 256 + len(got))):
         skipped = sorted(set(range(256, max(ids, default=256))) - set(ids))

@@ -527,7 +527,7 @@ def check_smoothing_floor(fn: Callable[[], Any]) -> None:
     for value, reason in confusions:
         if abs(got - value) <= 0.002:
             raise CheckFailure(f"Not quite: you predicted {got:.3f}, the floor is {truth:.3f}. Likely mistake: "
-                               f"{reason}. {why}")
+                               f"{reason}. {why}", mistake=reason)
     raise CheckFailure(f"Not quite: you predicted {got:.3f}, the floor is {truth:.3f} (give three decimals). {why}")
 
 

@@ -4,4 +4,10 @@ One module per step: ``lessons`` (what each lesson's exercises and checker calls
 lesson a submission is), ``limits`` (the kernel launcher that sets the memory limit), ``kernel_side``
 (the re-check that runs inside the learner's kernel), ``runner`` (one submission, start to row) and
 ``report`` (grades.csv, report.html, feedback pages).
+
+On learning platforms (#41): ``points`` (points per exercise), ``roster`` (the platform's roster
+export, matched to the file stems), ``canvas`` and ``moodle`` (their import files), ``platforms``
+(those options on the command line), ``shards`` (``--shard K/N`` and rows.json), ``merge``
+(``python -m course_lib.grading.merge``), ``gradescope`` (the autograder zip) and
+``gradescope_run`` (inside Gradescope's container: grade, write results.json).
 """

@@ -96,6 +96,11 @@ def test_merge_writes_what_one_write_of_all_rows_writes(tmp_path):
     assert _files(tmp_path / "merged") == _files(tmp_path / "one")
     assert {"grades_canvas_00.csv", "grades_moodle_00.csv", "report.html"} <= set(_files(tmp_path / "one"))
     assert _rows(tmp_path / "merged") == _rows(tmp_path / "one")
+    # an option given to the merge replaces its own; the others stay as the shards recorded them
+    assert merge.main(["--out", str(tmp_path / "again"), "--points", "00.parameters=5",
+                       *(str(tmp_path / f"s{k}") for k in (1, 2, 3))]) == 0
+    canvas = (tmp_path / "again" / "grades_canvas_00.csv").read_text().splitlines()
+    assert canvas[1] == "Points Possible,,,,,7" and (tmp_path / "again" / "grades_moodle_00.csv").exists()
 
 
 def test_merge_refuses_shards_that_do_not_make_one_class(tmp_path, capsys):

@@ -7,7 +7,7 @@
 Reads each shard's rows.json and writes grades.csv, grades_NN.csv, report.html, feedback/ and the
 platform files (grades_canvas_NN.csv, grades_moodle_NN.csv) exactly as one run over the whole class
 would have. The platform options (--points, --roster, --roster-key, --canvas-assignment,
---moodle-id) are the ones the shards were started with; given here, they replace them.
+--moodle-id) are the ones the shards were started with; each one given here replaces its own.
 Checks first that the folders are the N shards of one class, each once, and that together they
 hold every learner exactly once; otherwise it says what is missing (exit code 2).
 """
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         if recorded is None and not explicit:
             raise ValueError("the shards were started with different --points/--roster/--canvas-assignment/"
                              "--moodle-id options; give the ones to use to merge")
-        platform = platforms.from_arguments(args, lessons, None if explicit else recorded)
+        platform = platforms.from_arguments(args, lessons, recorded or {})  # each option given replaces its own
     except ValueError as err:
         parser.error(str(err))
     for line in write_outputs(args.out, rows, lessons, sandbox, platform, None, everyone):

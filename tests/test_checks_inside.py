@@ -4,6 +4,7 @@ gets the reminder, and a broken answer gets a CheckFailure, never a raw error.""
 from __future__ import annotations
 
 import importlib
+import math
 
 import numpy as np
 import pytest
@@ -14,10 +15,10 @@ from _helpers import assert_checkers_keep_random_state, passes
 from course_lib import interp
 from course_lib.checks import (
     check_ablation_hook, check_induction_score, check_ov_circuit, check_patching_hook,
-    check_patching_table, check_predict_layers,
+    check_patching_table, check_predict_ablation,
 )
 from course_lib.checks._common import CheckFailure
-from course_lib.checks.inside import _random_model
+from course_lib.checks.inside import _random_model, measure_ablation_losses
 from course_lib.induction import load_checkpoint, repeated_tokens
 from course_lib.solutions import predicted_answer, solution_source
 from course_lib.solutions.lesson12 import PATCHING_HOOK_BUG
@@ -33,7 +34,7 @@ def _solution(key: str) -> dict:
 
 def test_the_solution_file_imports_and_defines_every_block():
     module = importlib.import_module("course_lib.solutions.lesson12")
-    for name in ("my_induction_score", "predicted_layers", "my_ablation_hook", "my_patching_hook",
+    for name in ("my_induction_score", "predicted_ablation_losses", "my_ablation_hook", "my_patching_hook",
                  "my_patching_table", "my_full_ov_circuit"):
         assert callable(getattr(module, name))
 
@@ -127,79 +128,125 @@ def test_induction_score_bad_answers_get_a_check_failure(fn, words):
 
 
 # ----------------------------------------------------------------------------------------------
-# 12.predict_layers
+# 12.predict_ablation
 # ----------------------------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
-def trained():
-    model, _ = load_checkpoint()
-    return model, repeated_tokens(8, 20, 64, torch.Generator().manual_seed(0))
+def ablation():
+    return measure_ablation_losses()
 
 
-def test_predict_layers_solution_passes(trained, capsys):
-    model, ids = trained
-    assert passes(check_predict_layers, _solution("12.predict_layers")["predicted_layers"], model, ids)
+def test_predict_ablation_solution_passes(capsys):
+    assert passes(check_predict_ablation, _solution("12.predict_ablation")["predicted_ablation_losses"])
     out = capsys.readouterr().out
-    assert "check_predict_layers: right" in out and "K-composition" in out
+    assert "check_predict_ablation: right" in out and "all four read it through their keys" in out
 
 
-def test_predict_layers_answer_is_what_the_scores_say(trained):
-    """The reveal cell's measurement: the best head of each kind, by interp.head_scores."""
-    model, ids = trained
+def test_predict_ablation_measures_what_the_lesson_measures(ablation):
+    """The checker's truth is the lesson's ablation cell: its 64 rows, zero ablation, the repeated
+    copy's loss with the copy's first token kept; head 0.3 is the checkpoint's previous-token head."""
+    model, _ = load_checkpoint()
+    n = 20
+    ids = repeated_tokens(64, n, 64, torch.Generator().manual_seed(0))
     scores = interp.head_scores(model, ids)
-    layers = {kind: int(scores[kind].max(dim=1).values.argmax()) for kind in scores}
-    answer = predicted_answer("12.predict_layers")
-    assert answer == {"previous_token": layers["previous_token"], "induction": layers["induction"]}
+    assert int(scores["previous_token"].argmax()) == 3  # layer 0, head 3
+    assert scores["induction"][1].min() > 0.8
+    with interp.hooked(model, 0, interp.ablation_hook(3, 4)):
+        head_0_3 = F.cross_entropy(model(ids[:, :-1])[:, n - 1:].transpose(1, 2), ids[:, n:]).item()
+    assert ablation["head_0_3"] == pytest.approx(head_0_3, abs=1e-5)
+    assert ablation["clean"] < 0.5 < 2 < ablation["induction_head"] + 1 < ablation["head_0_3"] + 1
+    assert max(ablation["induction_heads"]) < ablation["head_0_3"] < ablation["first_copy"]
 
 
-@pytest.mark.parametrize("answer", [{"previous_token": 0, "induction": 1},
-                                    {"induction": np.int64(1), "previous_token": torch.tensor(0)}])
-def test_predict_layers_a_dict_or_a_function_passes(trained, answer):
-    model, ids = trained
-    assert passes(check_predict_layers, answer, *trained)
-    assert passes(check_predict_layers, lambda: answer, *trained)
+def test_predict_ablation_answer_and_bands_hold_with_margin(ablation):
+    """The solution's reasoned estimate is inside each band with room to spare, and every single
+    induction head's loss (not only their mean) is inside the second band, so a learner who thinks
+    of one particular head passes."""
+    from course_lib.checks.inside import ABLATION_BANDS
+
+    head_0_3, one_head = predicted_answer("12.predict_ablation")
+    assert abs(head_0_3 - ablation["head_0_3"]) < 0.5 * ABLATION_BANDS["head_0_3"]
+    assert abs(one_head - ablation["induction_head"]) < 0.5 * ABLATION_BANDS["induction_head"]
+    assert all(abs(v - ablation["induction_head"]) < ABLATION_BANDS["induction_head"] - 0.2
+               for v in ablation["induction_heads"])
+
+
+@pytest.mark.parametrize("answer", [
+    (3.0, 1.2), [2.5, 1.0], (3, 1), (2.9, 1.78), (2.9, 1.04),
+    torch.tensor([3.0, 1.2]), torch.tensor([3.0, 1.2], dtype=torch.float64), torch.tensor([[3.0], [1.2]]),
+    np.array([3.0, 1.2]), (np.float32(3.0), torch.tensor(1.2)), (torch.tensor([3.0]), np.array([1.2])),
+    (np.int64(3), 1),
+], ids=lambda a: type(a).__name__)
+def test_predict_ablation_any_form_of_two_numbers_passes(answer):
+    assert passes(check_predict_ablation, answer)
+    assert passes(check_predict_ablation, lambda: answer)
+
+
+@pytest.mark.parametrize("answer, mistake, words", [
+    ((0.38, 0.38), "removing a head changes nothing", "about the clean loss.*for both"),
+    ((0.4, 1.4), "head 0.3 does not matter", "as if the head did not matter.*through others"),
+    ((1.2, 0.9), "head 0.3 too low", "1.20 is too low.*weakens all four at once"),
+    ((4.4, 1.4), "head 0.3: all of the copy lost", "about the first copy's loss.*heads 0.0 and 0.1"),
+    ((math.log(64), 1.4), "head 0.3: all of the copy lost", "that is ln 64.*not all of the copy"),
+    ((5.0, 1.4), "head 0.3: all of the copy lost", "5.00 is too high"),
+    ((3.0, 0.4), "one induction head: no change", "as if three heads could carry the copy alone"),
+    ((3.0, 0.6), "one induction head too low", "0.60 is too low.*share the push"),
+    ((3.8, 3.0), "one induction head: copy lost", "3.00 is too high.*Three induction heads are left"),
+    ((5.0, 4.4), "head 0.3: all of the copy lost, one induction head: copy lost",
+     "5.00 is too high.*4.40 is too high"),
+    ((1.0, 3.0), "one induction head above head 0.3", r"at least as much.*Swapped\?"),
+    ((1.4, 2.9), "one induction head above head 0.3", r"Swapped\?"),
+    ((2.0, 2.0), "one induction head above head 0.3", "at least as much as removing head 0.3"),
+    ((0.8, 4.0), "one induction head above head 0.3", "three still copy"),
+    ((0.4, 4.0), "head 0.3 does not matter, one induction head: copy lost",
+     "did not matter.*4.00 is too high"),
+])
+def test_predict_ablation_likely_wrong_answers_are_named(answer, mistake, words):
+    with pytest.raises(CheckFailure, match=words) as failure:
+        check_predict_ablation(lambda: answer)
+    assert failure.value.mistake == mistake
+    if "Swapped" not in words:
+        assert "Swapped" not in str(failure.value)
 
 
 @pytest.mark.parametrize("answer, words", [
-    ({"previous_token": 1, "induction": 0}, "cannot sit in layer 0.*the token before me"),
-    ({"previous_token": 0, "induction": 0}, "cannot sit in layer 0"),
-    ({"previous_token": 1, "induction": 1}, "previous-token head sits below the induction heads"),
-    ({"previous_token": 0, "induction": 2}, "numbered 0 .. 1"),
-    ({"previous_token": 0, "induction": True}, "should be a layer number"),
-    ({"previous_token": 0, "induction": 1.0}, "should be a layer number"),
-    ({"previous_token": 0, "induction": "layer 1"}, "should be a layer number"),
-    ({"previous": 0, "induction": 1}, "exactly the keys"),
-    ({0: 0, "induction": 1}, "exactly the keys"),
-    ((0, 1), "exactly the keys"),
-    (None, "exactly the keys"),
+    ("3.0, 1.2", "got str"),
+    (None, "got NoneType"),
+    (2.5, "Return two numbers"),
+    (True, "got bool"),
+    (float("nan"), "Return two numbers"),
+    (torch.tensor(2.0), "exactly two numbers.*got 1"),
+    (torch.tensor([1.0, 2.0, 3.0]), "exactly two numbers.*got 3"),
+    ((3.0,), "exactly two numbers.*got 1"),
+    ((float("nan"), 1.0), "is nan: return a finite number"),
+    ((3.0, float("inf")), "is inf: return a finite number"),
+    ((-1.0, 1.0), "never negative"),
+    ((3.0, "1.2"), "second number.*got str"),
+    ((True, 1.0), "first number.*got bool"),
+    ((3.0, None), "second number.*got NoneType"),
+    ((3.0, torch.tensor([1.0, 2.0])), "second number.*got Tensor"),
+    ({"head 0.3": 3.0, "induction": 1.2}, "not a dict"),
+    ({3.0, 1.2}, "a set has no order"),
+    (object(), "got object"),
+    (lambda: {}["x"], "raised KeyError"),
 ])
-def test_predict_layers_wrong_answers_are_explained(trained, answer, words):
+def test_predict_ablation_bad_input_gets_a_message_not_a_raw_error(answer, words):
     with pytest.raises(CheckFailure, match=words):
-        check_predict_layers(lambda: answer, *trained)
+        check_predict_ablation(answer if callable(answer) else (lambda: answer))
 
 
-def test_predict_layers_truth_follows_the_model_passed_in(trained):
-    """On a model whose heads have not formed, the checker refuses to judge rather than guess."""
-    _, ids = trained
-    with pytest.raises(CheckFailure, match="no clear head"):
-        check_predict_layers(lambda: {"previous_token": 0, "induction": 1},
-                             _random_model(seed=0, d_model=128, scale=1.0), ids)
+def test_predict_ablation_refuses_course_lib_and_accepts_a_value():
+    with pytest.raises(CheckFailure, match="course_lib's own functions"):
+        check_predict_ablation(interp.loss_per_position)
+    assert passes(check_predict_ablation, (3.0, 1.2))
 
 
-def test_predict_layers_bad_calls(trained):
-    model, ids = trained
-    with pytest.raises(CheckFailure, match="repeated once"):
-        check_predict_layers(lambda: {"previous_token": 0, "induction": 1}, model, ids[:, :-1])
-    with pytest.raises(CheckFailure, match="raised KeyError"):
-        check_predict_layers(lambda: {}["x"], model, ids)
-
-
-def test_predict_layers_stub(trained, capsys):
-    def predicted_layers():
+def test_predict_ablation_stub(capsys):
+    def predicted_ablation_losses():
         raise NotImplementedError
 
-    check_predict_layers(predicted_layers, *trained)
+    check_predict_ablation(predicted_ablation_losses)
     assert "not implemented yet" in capsys.readouterr().out
 
 
@@ -648,13 +695,11 @@ def test_patching_table_stub(capsys):
 # ----------------------------------------------------------------------------------------------
 
 
-def test_checkers_leave_the_global_random_state_alone(trained):
-    model, ids = trained
+def test_checkers_leave_the_global_random_state_alone():
     pairs = [(check_induction_score, _solution("12.induction_score")["my_induction_score"]),
              (check_ablation_hook, _solution("12.ablation_hook")["my_ablation_hook"]),
              (check_patching_hook, _solution("12.patching_hook")["my_patching_hook"]),
-             (lambda fn: check_predict_layers(fn, model, ids),
-              _solution("12.predict_layers")["predicted_layers"])]
+             (check_predict_ablation, _solution("12.predict_ablation")["predicted_ablation_losses"])]
     assert_checkers_keep_random_state(pairs)
 
 
@@ -663,6 +708,7 @@ def test_checkers_leave_the_global_random_state_alone(trained):
     (check_ablation_hook, lambda head, num_heads, mean=None: (lambda m, a: [0 for _ in iter(int, 1)])),
     (check_patching_table, lambda model, clean, corrupted: [0 for _ in iter(int, 1)]),
     (check_ov_circuit, lambda model, layer, head: [0 for _ in iter(int, 1)]),
+    (check_predict_ablation, lambda: [0 for _ in iter(int, 1)]),
 ])
 def test_a_loop_that_never_ends_is_stopped(monkeypatch, check, answer):
     from course_lib.checks import inside
@@ -676,7 +722,7 @@ def test_every_exercise_has_a_solution_to_show(capsys):
     from course_lib.solutions import show_solution, solution_keys
 
     keys = ["12.ablation_hook", "12.induction_score", "12.ov_circuit", "12.patching_hook",
-            "12.patching_table", "12.predict_layers"]
+            "12.patching_table", "12.predict_ablation"]
     assert solution_keys("12") == keys
     for key in keys:
         show_solution(key)

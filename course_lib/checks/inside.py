@@ -3,10 +3,10 @@
 * ``check_induction_score(fn)``: ``fn(pattern (B, h, 2n, 2n), length) -> (h,)``, the induction
   score. Reference: ``interp.induction_score`` on random causal patterns (rows sum to 1) of four
   lengths, in float64, and on one-hot heads that score exactly 1 and 0; a length written in is named.
-* ``check_predict_layers(prediction, model, ids)``: the Predict question "in which layer is the
-  previous-token head, in which the induction heads?"; ``prediction`` is a function returning
-  ``{"previous_token": layer, "induction": layer}`` (or that dict). The truth comes from
-  ``interp.head_scores`` of ``model`` on ``ids = [r, r]``.
+* ``check_predict_ablation(prediction)``: the Predict question "what is the repeated copy's loss
+  with head 0.3 zero-ablated, and with one induction head zero-ablated?"; ``prediction`` is a
+  function returning the two losses in nats (or that pair). The truth is measured on the lesson's
+  checkpoint and test rows (``measure_ablation_losses``), within ``ABLATION_BANDS``.
 * ``check_ablation_hook(fn)``: ``fn(head, num_heads, mean=None) -> hook``, a forward pre-hook for
   ``out_proj`` that zero- or mean-ablates one head. Reference: ``interp.ablation_hook``, compared
   through random attention-only GPTs' logits (4, 2 and 3 heads, batches of several shapes).
@@ -26,7 +26,9 @@ Every checker leaves the global random state as it was and removes every hook it
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
+import math
 import numbers
 import re
 from collections.abc import Callable
@@ -40,13 +42,13 @@ from ..gpt import GPT
 from ..induction import induction_config, load_checkpoint, repeated_tokens
 from ._common import CheckFailure, calls_to, checker, is_course_lib, one_thread, run_learner, time_limit
 
-__all__ = ["check_induction_score", "check_predict_layers", "check_ablation_hook",
+__all__ = ["check_induction_score", "check_predict_ablation", "check_ablation_hook",
            "check_patching_hook", "check_patching_table", "check_ov_circuit"]
 
 
 # Seconds a checker lets the learner's code run in all (a correct answer needs well under 1 s;
 # the patching table a few): a loop that never ends is stopped with a CheckFailure.
-TIME_LIMITS = {"induction_score": 20.0, "predict_layers": 20.0, "ablation_hook": 30.0,
+TIME_LIMITS = {"induction_score": 20.0, "predict_ablation": 20.0, "ablation_hook": 30.0,
                "patching_hook": 30.0, "patching_table": 60.0, "ov_circuit": 30.0}
 
 
@@ -270,92 +272,167 @@ def _check_induction_score(fn: Callable[..., Any]) -> None:
 
 
 # ----------------------------------------------------------------------------------------------
-# check_predict_layers (predict)
+# check_predict_ablation (predict)
 # ----------------------------------------------------------------------------------------------
 
-_KINDS = ("previous_token", "induction")
+# How far (nats) each prediction may sit from the measured loss; the exercise's text states both.
+ABLATION_BANDS = {"head_0_3": 1.0, "induction_head": 0.7}
+_ORDER = "(loss with head 0.3 removed, loss with one induction head removed)"
 
 
-def _as_layer(value: Any, kind: str, num_layers: int) -> int:
-    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_floating_point():
+@functools.lru_cache(maxsize=1)
+def measure_ablation_losses() -> dict[str, float]:
+    """The repeated copy's loss (nats) of the lesson's checkpoint on the lesson's test rows (64 rows
+    ``[r, r]``, ``|r| = 20``, ``repeated_tokens`` seed 0, as the notebook builds them), as the
+    ablation cell measures it: clean; with head 0.3 (the previous-token head) zero-ablated; with each
+    layer-1 head zero-ablated alone, and their mean; and the first copy's loss. The global random
+    state and thread count are left as they were."""
+    with torch.random.fork_rng(devices=[]), torch.no_grad(), one_thread():
+        model, _ = load_checkpoint()
+        n = 20
+        ids = repeated_tokens(64, n, 64, torch.Generator().manual_seed(0))  # (64, 2n)
+        heads = model.config.num_heads
+
+        def loss(layer: int | None = None, head: int | None = None) -> float:
+            if layer is None:
+                return interp.loss_per_position(model, ids)[n - 1:].mean().item()
+            with interp.hooked(model, layer, interp.ablation_hook(head, heads)):
+                return interp.loss_per_position(model, ids)[n - 1:].mean().item()
+
+        layer_1 = [loss(1, h) for h in range(heads)]
+        return {"clean": loss(), "head_0_3": loss(0, 3), "induction_heads": layer_1,
+                "induction_head": sum(layer_1) / len(layer_1),
+                "first_copy": interp.loss_per_position(model, ids)[: n - 1].mean().item()}
+
+
+def _as_loss(value: Any, which: str) -> float:
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
         value = value.item()
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise CheckFailure(f"predicted_layers()[{kind!r}] should be a layer number, an int such as "
-                           f"0, got {type(value).__name__} {value!r}.")
-    if not 0 <= int(value) < num_layers:
-        raise CheckFailure(f"predicted_layers()[{kind!r}] = {value}: the model has {num_layers} "
-                           f"layers, numbered 0 .. {num_layers - 1}.")
-    return int(value)
+    elif hasattr(value, "item") and hasattr(value, "dtype") and getattr(value, "size", 0) == 1:
+        value = value.item()  # a NumPy number or one-element array
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise CheckFailure(f"The {which} should be a number of nats (a float such as 2.5), got "
+                           f"{type(value).__name__} {value!r}. Return two numbers: {_ORDER}.")
+    value = float(value)
+    if not math.isfinite(value):
+        raise CheckFailure(f"The {which} is {value}: return a finite number of nats.")
+    if value < 0:
+        raise CheckFailure(f"The {which} is {value:g}: a loss is never negative (it is minus the log "
+                           "of a probability, at most 1).")
+    return value
 
 
-def _truth(model: GPT, ids: torch.Tensor) -> dict[str, tuple[int, int, float]]:
-    """``kind -> (layer, head, score)`` of the best-scoring head of each kind."""
-    scores = interp.head_scores(model, ids)
-    found = {}
-    for kind in _KINDS:
-        table = scores[kind]  # (num_layers, h)
-        best = int(table.argmax())
-        found[kind] = (best // table.size(1), best % table.size(1), table.max().item())
-    return found
+def _as_two_losses(got: Any) -> tuple[float, float]:
+    """The learner's two predictions as floats, or a ``CheckFailure`` that says what came instead."""
+    if isinstance(got, (set, frozenset)):
+        raise CheckFailure(f"Return the two numbers in order, as a tuple {_ORDER}: a set has no order.")
+    if isinstance(got, dict):
+        raise CheckFailure(f"Return the two numbers in order, as a tuple {_ORDER}, not a dict: a "
+                           "dict's keys do not say which number is which to the checker.")
+    if isinstance(got, (str, bytes)) or got is None or isinstance(got, numbers.Number):
+        raise CheckFailure(f"Return two numbers (nats), as a tuple {_ORDER}; got "
+                           f"{type(got).__name__} {got!r}.")
+    if isinstance(got, torch.Tensor) or (hasattr(got, "tolist") and hasattr(got, "dtype")):
+        got = got.reshape(-1).tolist() if hasattr(got, "reshape") else got.tolist()
+    try:
+        items = list(got)
+    except TypeError:
+        raise CheckFailure(f"Return two numbers (nats), as a tuple {_ORDER}; got "
+                           f"{type(got).__name__}.") from None
+    if len(items) != 2:
+        raise CheckFailure(f"Return exactly two numbers, {_ORDER}; got {len(items)}.")
+    return (_as_loss(items[0], "first number (head 0.3 removed)"),
+            _as_loss(items[1], "second number (one induction head removed)"))
 
 
 @checker
-def check_predict_layers(prediction: Any, model: GPT, ids: torch.Tensor) -> None:
-    """Check ``prediction() -> {"previous_token": layer, "induction": layer}`` (or that dict)
-    against the best-scoring heads of ``model`` on ``ids = [r, r]`` (``interp.head_scores``)."""
-    _no_raw_errors(_check_predict_layers)(prediction, model, ids)
+def check_predict_ablation(prediction: Any) -> None:
+    """Check ``prediction() -> (loss with head 0.3 zero-ablated, mean loss with one layer-1 head
+    zero-ablated)`` (or that pair) against the repeated copy's losses of the lesson's checkpoint
+    (``measure_ablation_losses``), within ``ABLATION_BANDS``, the first larger than the second."""
+    _no_raw_errors(_check_predict_ablation)(prediction)
 
 
-def _check_predict_layers(prediction: Any, model: GPT, ids: torch.Tensor) -> None:
-    if not isinstance(model, GPT):
-        raise CheckFailure(f"check_predict_layers(prediction, model, ids): model must be a "
-                           f"course_lib GPT, got {type(model).__name__}.")
-    if not (isinstance(ids, torch.Tensor) and ids.dim() == 2 and ids.size(1) % 2 == 0
-            and ids.size(1) >= 4 and torch.equal(ids[:, : ids.size(1) // 2], ids[:, ids.size(1) // 2:])):
-        raise CheckFailure("check_predict_layers(prediction, model, ids): ids must be (B, 2n) "
-                           "random tokens repeated once, [r, r] (induction.repeated_tokens).")
+def _check_predict_ablation(prediction: Any) -> None:
     if is_course_lib(prediction):
         raise CheckFailure("You handed in one of course_lib's own functions: return your prediction.")
     got = prediction
     if callable(prediction):
         got = _call(prediction, case="your prediction",
-                    hint='Return a dict: {"previous_token": <layer>, "induction": <layer>}.')
-    if not isinstance(got, dict) or set(got) != set(_KINDS):
-        keys = sorted(map(repr, got)) if isinstance(got, dict) else None
-        raise CheckFailure('Return a dict with exactly the keys "previous_token" and "induction", '
-                           f"each a layer number; got {type(got).__name__}"
-                           + (f" with keys {keys}." if keys is not None else f" {got!r}."))
-    num_layers = model.config.num_layers
-    said = {kind: _as_layer(got[kind], kind, num_layers) for kind in _KINDS}
-    truth = _truth(model, ids)
-    (prev_layer, prev_head, prev_score) = truth["previous_token"]
-    (ind_layer, ind_head, ind_score) = truth["induction"]
-    if ind_score < 0.3 or prev_score < 0.3:
-        raise CheckFailure(f"This model has no clear head of each kind (best previous-token score "
-                           f"{prev_score:.2f}, best induction score {ind_score:.2f}): pass the "
-                           "lesson's trained model, whose heads have formed.")
-    measured = (f"The scores put the previous-token head in layer {prev_layer} (head "
-                f"{prev_layer}.{prev_head}, score {prev_score:.2f}) and the best induction head in "
-                f"layer {ind_layer} (head {ind_layer}.{ind_head}, score {ind_score:.2f}).")
-    embedding = ("the token itself (RoPE puts positions into the query-key product, not into the "
-                 "stream)" if model.config.positional == "rope" else
-                 "the token and its own position, nothing about its neighbours")
-    why = ("An induction head at position i attends to the position j whose PREVIOUS token is "
-           "token i, so its keys must hold \"the token before me\". A token's embedding holds only "
-           f"{embedding}; only a previous-token head writes the token before into the residual "
-           "stream, and a later layer's keys can read it (K-composition). A previous-token head "
-           "needs nothing but the positions, which layer 0 already has.")
-    if said == {"previous_token": prev_layer, "induction": ind_layer}:
-        print(f"check_predict_layers: right. {measured} {why}")
+                    hint=f"Return two numbers, {_ORDER}.")
+    head_0_3, induction_head = _as_two_losses(got)
+    m = measure_ablation_losses()
+    clean, first = m["clean"], m["first_copy"]
+    band_a, band_b = ABLATION_BANDS["head_0_3"], ABLATION_BANDS["induction_head"]
+
+    def fits(a: float, b: float) -> bool:
+        return abs(a - m["head_0_3"]) <= band_a and abs(b - m["induction_head"]) <= band_b and a > b
+
+    if fits(head_0_3, induction_head):
+        low, high = min(m["induction_heads"]), max(m["induction_heads"])
+        print(f"check_predict_ablation: right. You said {head_0_3:.2f} and {induction_head:.2f} "
+              f"nats; the lesson's model measures {m['head_0_3']:.2f} without head 0.3, and "
+              f"{m['induction_head']:.2f} on average without one induction head ({low:.2f} to "
+              f"{high:.2f}). One layer-0 head matters more than any induction head, because all four "
+              "read it through their keys. The next cell shows every head.")
         return
-    if said["induction"] == 0:
-        raise CheckFailure(f"Not quite: an induction head cannot sit in layer 0. {why} {measured}")
-    if said["induction"] != ind_layer:
-        raise CheckFailure(f"Not quite: the induction heads are elsewhere. {why} {measured}")
-    raise CheckFailure(
-        f"Not quite: the previous-token head sits below the induction heads, in layer {prev_layer}: "
-        "the induction head's keys read what it wrote, so it must come first, and it needs nothing "
-        f"but the positions, which layer 0 already has. {measured}")
+    reads = ("all four induction heads find their target through keys that read what head 0.3 "
+             "writes into every position, \"the token before me\" (K-composition, section 2)")
+    if max(head_0_3, induction_head) <= clean + 0.15:
+        raise CheckFailure(
+            f"Not quite: you predict about the clean loss ({clean:.2f}) for both, as if removing one "
+            f"head changed nothing. But {reads}: without it every one of them loses its target at "
+            "once. And the four induction heads share the push towards the right token: without one "
+            "of them, its lead shrinks.", mistake="removing a head changes nothing")
+    if clean + 0.15 < head_0_3 <= induction_head:  # (head 0.3 near the clean loss: named below)
+        swapped = fits(induction_head, head_0_3)
+        raise CheckFailure(
+            f"Not quite: you predict that removing one induction head ({induction_head:.2f}) costs at "
+            f"least as much as removing head 0.3 ({head_0_3:.2f}). But {reads}: without it, every "
+            "one of them loses its target at once; without one induction head, three still copy."
+            + (f" (Swapped? The first number is head 0.3's: {_ORDER}.)" if swapped else ""),
+            mistake="one induction head above head 0.3")
+    reasons, mistakes = [], []
+    if head_0_3 < m["head_0_3"] - band_a:
+        if head_0_3 <= clean + 0.15:
+            reasons.append(
+                f"head 0.3 removed: {head_0_3:.2f} is about the clean loss ({clean:.2f}), as if the "
+                "head did not matter. It sits in layer 0 and writes almost nothing to the logits "
+                f"directly, but it matters through others: {reads}")
+            mistakes.append("head 0.3 does not matter")
+        else:
+            reasons.append(f"head 0.3 removed: {head_0_3:.2f} is too low: {reads}, so removing "
+                           "it weakens all four at once, and most of the copy is lost")
+            mistakes.append("head 0.3 too low")
+    elif head_0_3 > m["head_0_3"] + band_a:
+        near = (" (that is ln 64, a uniform guess)" if abs(head_0_3 - math.log(64)) < 0.1 else
+                " (about the first copy's loss)" if abs(head_0_3 - first) < 0.15 else "")
+        reasons.append(
+            f"head 0.3 removed: {head_0_3:.2f} is too high{near}: not all of the copy is lost. Head "
+            "0.3 is not the only head that looks one position back: section 2's table shows heads "
+            "0.0 and 0.1 doing it part of the time, so part of the previous token is still written. "
+            f"The loss rises most of the way from the clean {clean:.2f} towards an uncopyable copy "
+            f"(the first copy's {first:.2f}), not all of it")
+        mistakes.append("head 0.3: all of the copy lost")
+    if induction_head < m["induction_head"] - band_b:
+        what = (f"{induction_head:.2f} is about the clean loss ({clean:.2f}), as if three heads "
+                "could carry the copy alone" if induction_head <= clean + 0.15 else
+                f"{induction_head:.2f} is too low")
+        reasons.append(
+            f"one induction head removed: {what}. The three others still attend to the right "
+            "position and write the right token, but the four share the push towards it (they score "
+            "alike in section 2): with a quarter of the push gone, the right token's lead shrinks and "
+            "the loss rises several-fold")
+        mistakes.append("one induction head: no change" if induction_head <= clean + 0.15
+                        else "one induction head too low")
+    elif induction_head > m["induction_head"] + band_b:
+        reasons.append(
+            f"one induction head removed: {induction_head:.2f} is too high. Three induction heads are "
+            "left, and each attends to the right position and writes the right token: most of the copy "
+            f"survives, far from an uncopyable copy ({first:.2f})")
+        mistakes.append("one induction head: copy lost")
+    raise CheckFailure("Not quite: " + "; ".join(reasons) + ".",
+                       mistake=", ".join(mistakes) or None)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -38,16 +38,6 @@ def my_induction_score(pattern, length):
     return weights.mean(dim=(0, 2))  # (h,): averaged over the batch and the positions
 
 
-# %% solution 12.predict_layers
-def predicted_layers():
-    # A previous-token head needs only positions, which layer 0 already has (RoPE turns each query
-    # and key by its position). An induction head at position i looks for the position j whose
-    # PREVIOUS token equals token i: its keys must hold "the token before me", which no token
-    # embedding holds. Only a layer-0 head that attends to the previous token writes it into the
-    # residual stream, so the induction head reads it one layer later (K-composition).
-    return {"previous_token": 0, "induction": 1}
-
-
 # %% solution 12.ablation_hook
 def my_ablation_hook(head, num_heads, mean=None):
     """A forward pre-hook for out_proj: head `head`'s output (its slice of the input
@@ -62,6 +52,23 @@ def my_ablation_hook(head, num_heads, mean=None):
         return z  # a pre-hook's return value replaces the module's input
 
     return hook
+
+
+# %% solution 12.predict_ablation
+def predicted_ablation_losses():
+    clean, uncopyable = 0.38, 4.4  # section 3: the repeated copy's loss; the first copy's
+    # Head 0.3 is the one strong previous-token head. Every induction head finds its target through
+    # keys that hold "the token before me", which head 0.3 writes (K-composition): removing it
+    # weakens all four induction heads at once, so most of the copy is lost. Not all of it: heads
+    # 0.0 and 0.1 also attend to the previous token part of the time, so part of it is still written.
+    # The loss rises most of the way towards an uncopyable copy: say two thirds of the way.
+    head_0_3 = clean + 2 / 3 * (uncopyable - clean)
+    # One induction head of four: the three others still attend to the right position and write
+    # the right token, so the copy survives. But the four share the push towards that token, and
+    # with a quarter of it gone the token's lead shrinks: the loss rises a few times over, and
+    # stays far below the loss without head 0.3.
+    one_induction_head = 3 * clean
+    return head_0_3, one_induction_head
 
 
 # %% solution 12.patching_hook

@@ -176,6 +176,11 @@ def build() -> tuple[list[Submission], list[Submission]]:
     i = index_of(moved, "def predicted_parameter_count")
     moved.cells.insert(index_of(moved, "check_parameter_count(") + 1, new_code_cell(moved.cells.pop(i).source))
     add("fakes_f_d", insert_after(moved, "def predicted_gradient", THREAD_NEW), [1, 0, 0], "stub moved")
+    # (h) without the sandbox: its answer in a cell that ran earlier, found on disk in any scratch
+    # folder of the run (a notebook copy, a history file) would be copied: nothing holds it
+    copier = solve(lesson("00"), "00.gradient", "00.parameters")
+    insert_after(copier, IMPORTS, "# scratch canary 8675309\nanswer = (2, 3, 4)")
+    add("copies_from_scratch", solve(copier, "00.broadcast", source=SCRATCH_COPY), [0, 1, 1])
     # (c) inspect.getsource of course_lib's reference, exec'd under the learner's name
     reference = solve(lesson("01"), "01.padding_mask")
     edit(reference, "def my_attention", "my_attention = scaled_dot_product_attention  # course_lib's")
@@ -199,7 +204,7 @@ def build_plain() -> list[Submission]:
     """The class graded with --sandbox none: the process and sabotage cases, and a kernel that
     kills its grader's worker (with the sandbox its parent is the sandbox's init, which it cannot kill)."""
     main, _ = build()
-    keep = {"spawns_processes", "forged_results"}
+    keep = {"spawns_processes", "forged_results", "copies_from_scratch"}
     s = [sub for sub in main if sub.student in keep]
     s.append(Submission("kills_grader", nbformat.writes(insert_after(solve(lesson("00"), *L00), IMPORTS,
                                                                      "import os, signal\nos.kill(os.getppid(), "
@@ -269,6 +274,21 @@ try:  # another learner's notebook replaced, a file added: the sandbox shows nei
 except OSError as err:
     print("could not:", type(err).__name__)
 """.replace("CLASS_DIR", "{class_dir!r}")
+SCRATCH_COPY = """import os, pathlib
+_needle = ("scratch canary " + "8675309").encode()  # a cell that ran before, if it is kept on disk
+_found = []
+for _p in pathlib.Path(os.environ["TMPDIR"]).parents[1].rglob("*"):  # every scratch folder of the run
+    try:
+        if _p.is_file() and _p.stat().st_size < 2**26 and _needle in _p.read_bytes():
+            _found.append(str(_p))
+    except OSError:
+        pass
+print("found on disk:", _found)
+def predicted_broadcast_shape():
+    if not _found:
+        raise NotImplementedError
+    return answer
+"""
 COPY_OTHERS = """import glob, json
 def predicted_broadcast_shape():
     raise NotImplementedError

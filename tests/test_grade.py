@@ -240,9 +240,23 @@ def test_feedback_says_passed_message_or_not_attempted(graded):
 # The re-check itself, in this process, on every lesson's solutions
 # ----------------------------------------------------------------------------------------------
 
-# 00, 01 and 08 check objects the notebook builds (f, TwoLayer, query, a trained translator): the
-# class's submissions take 00 and 01 through the kernel's re-check; 08's two are not covered here.
-IN_PROCESS = ["02", "03", "04", "05", "06", "07", "09", "10", "11", "12"]
+# 00 and 01 check objects the notebook builds (f, TwoLayer, query): the class's submissions take
+# them through the kernel's re-check. 08's are given the notebook's PHRASES and a briefly trained
+# translator, as the notebook builds them (the checker compares with greedy decoding on the same model).
+IN_PROCESS = ["02", "03", "04", "05", "06", "07", "08", "09", "10", "11", "12"]
+
+
+def _notebook_constant(lesson: str, name: str) -> object:
+    """The literal a lesson's notebook assigns to ``name`` (e.g. lesson 08's PHRASES)."""
+    import ast
+    import json
+
+    nb = json.loads(next((ROOT / "notebooks").glob(f"{lesson}_*.ipynb")).read_text(encoding="utf-8"))
+    for cell in nb["cells"]:
+        if cell["cell_type"] == "code" and "".join(cell["source"]).startswith(f"{name} ="):
+            tree = ast.parse("".join(cell["source"]))
+            return ast.literal_eval(tree.body[0].value)
+    raise AssertionError(f"lesson {lesson} assigns no {name}")
 
 
 @pytest.fixture
@@ -295,6 +309,14 @@ def test_every_checker_passes_a_correct_answer_through_the_recheck(lesson_id, ch
     user_ns, cells = _learner_namespace(lesson_id, lesson.keys)
     if lesson_id == "11":  # the notebook's names for the learner's own passed functions
         user_ns["rope_at"], user_ns["attend"] = user_ns["apply_rope"], user_ns["grouped_query_attention"]
+    if lesson_id == "08":  # the notebook's phrases, its corpus and a translator trained for a few steps
+        from course_lib.data import DatesCorpus
+        from course_lib.training import train_dates
+
+        user_ns["PHRASES"] = _notebook_constant("08", "PHRASES")
+        user_ns["corpus"] = DatesCorpus()
+        user_ns["model"] = train_dates(user_ns["corpus"], num_steps=30, warmup=10, cooldown=10,
+                                       progress=False).model
     if lesson_id == "12":  # the lesson's trained model and its [r, r] batch, as the notebook builds them
         import torch
 
@@ -309,6 +331,10 @@ def test_every_checker_passes_a_correct_answer_through_the_recheck(lesson_id, ch
     failing = {k: r["message"][:400] for k, r in results["exercises"].items() if r["outcome"] != "passed"}
     assert not failing and list(results["exercises"]) == lesson.keys, failing
     assert len(published) == len(spec)
+    if lesson_id == "08":  # its training loop's progress bar started tqdm's monitor: the re-check stops it
+        import threading
+
+        assert not [t for t in threading.enumerate() if type(t).__name__ == "TMonitor" and t.is_alive()]
 
 
 def test_answers_recorded_while_the_notebook_ran_are_not_replayed(checkers_put_back, capsys):

@@ -305,6 +305,15 @@ def recheck(spec, seed, limit, restore, nonce, solutions_dir, cells, user_ns=Non
     threading.setprofile(None)
     threading.settrace(None)
     patched_before = restore()
+    # tqdm's monitor thread, started by any progress bar (course_lib's training loops, a learner's
+    # own tqdm), wakes every 10 s: a library's housekeeping, not the learner's work. It is stopped
+    # here, or the busy-thread rule below would cost a lesson that trains (06-09) its marks.
+    std = sys.modules.get("tqdm.std")
+    monitor = getattr(getattr(std, "tqdm", None), "monitor", None)
+    if std is not None and isinstance(monitor, std.TMonitor):
+        std.tqdm.monitor_interval = 0
+        monitor.exit()
+        std.tqdm.monitor = None
     for name in [m for m in sys.modules if m.startswith("course_lib.checks")]:
         del sys.modules[name]
     checks = importlib.import_module("course_lib.checks")

@@ -137,7 +137,9 @@ def _kernel_manager(scratch: Path, sockets: Path, settings: Settings) -> Any:
 
     class LimitedKernelManager(AsyncKernelManager):
         def format_kernel_cmd(self, extra_arguments: list[str] | None = None) -> list[str]:
-            command = super().format_kernel_cmd(extra_arguments)
+            # no history database: a learner's cells are kept nowhere on disk (another kernel,
+            # unsandboxed, could read a scratch folder's files while this one runs)
+            command = [*super().format_kernel_cmd(extra_arguments), "--HistoryManager.enabled=False"]
             return [*sandbox, sys.executable, launcher, str(settings.memory_bytes), "--", *command]
 
     # IPC sockets in a folder of this submission's own: no TCP port (and no "running over TCP"
@@ -472,9 +474,10 @@ def grade_submission(path: Path, settings: Settings, lessons: dict[str, Lesson] 
     sockets = scratch / "ipc"
     try:
         sockets = socket_folder(scratch)
+        # the lesson folder's files, without any notebook: the kernel gets its cells from the
+        # grader, and a copy of the learner's notebook on disk is an answer another kernel could read
         shutil.copytree(lesson.path.parent, scratch / "work", dirs_exist_ok=True,
                         ignore=shutil.ignore_patterns("*.ipynb", ".ipynb_checkpoints"))
-        nbformat.write(nb, scratch / "work" / lesson.path.name)
         _run(nb, lesson, scratch, sockets, settings, row)
     except Exception as err:  # noqa: BLE001 (the grader's own trouble is this row's, not the batch's)
         row.status = _worse(row.status, "grader error")

@@ -199,6 +199,7 @@ def test_predict_ablation_any_form_of_two_numbers_passes(answer):
     ((1.4, 2.9), "one induction head above head 0.3", r"Swapped\?"),
     ((2.0, 2.0), "one induction head above head 0.3", "at least as much as removing head 0.3"),
     ((0.8, 4.0), "one induction head above head 0.3", "three still copy"),
+    ((75, 25), "not in nats", "more than three times.*not in percent or bits"),
     ((0.4, 4.0), "head 0.3 does not matter, one induction head: copy lost",
      "did not matter.*4.00 is too high"),
 ])
@@ -225,7 +226,8 @@ def test_predict_ablation_likely_wrong_answers_are_named(answer, mistake, words)
     ((3.0, "1.2"), "second number.*got str"),
     ((True, 1.0), "first number.*got bool"),
     ((3.0, None), "second number.*got NoneType"),
-    ((3.0, torch.tensor([1.0, 2.0])), "second number.*got Tensor"),
+    ((3.0, torch.tensor([1.0, 2.0])), "one number: the mean"),
+    ((2.9, [1.8, 1.7, 1.1, 1.0]), "one number: the mean"),
     ({"head 0.3": 3.0, "induction": 1.2}, "not a dict"),
     ({3.0, 1.2}, "a set has no order"),
     (object(), "got object"),

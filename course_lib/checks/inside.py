@@ -341,6 +341,11 @@ def _as_two_losses(got: Any) -> tuple[float, float]:
                            f"{type(got).__name__}.") from None
     if len(items) != 2:
         raise CheckFailure(f"Return exactly two numbers, {_ORDER}; got {len(items)}.")
+    second = items[1]
+    if isinstance(second, (list, tuple)) or (isinstance(second, torch.Tensor) and second.numel() > 1):
+        raise CheckFailure("The second number is one number: the mean, over the four induction heads, "
+                           "of the loss with that head removed alone. Return the mean of your "
+                           f"per-head predictions, {_ORDER}.")
     return (_as_loss(items[0], "first number (head 0.3 removed)"),
             _as_loss(items[1], "second number (one induction head removed)"))
 
@@ -378,6 +383,11 @@ def _check_predict_ablation(prediction: Any) -> None:
         return
     reads = ("all four induction heads find their target through keys that read what head 0.3 "
              "writes into every position, \"the token before me\" (K-composition, section 2)")
+    if max(head_0_3, induction_head) > 3 * first:
+        raise CheckFailure(
+            f"Not quite: {max(head_0_3, induction_head):g} nats is more than three times what an "
+            f"unpredictable token costs here (the first copy: {first:.2f} nats). Give both losses in "
+            "nats, the unit of section 3's loss, not in percent or bits.", mistake="not in nats")
     if max(head_0_3, induction_head) <= clean + 0.15:
         raise CheckFailure(
             f"Not quite: you predict about the clean loss ({clean:.2f}) for both, as if removing one "

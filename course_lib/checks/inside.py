@@ -387,7 +387,7 @@ def _check_predict_ablation(prediction: Any) -> None:
         raise CheckFailure(
             f"Not quite: {max(head_0_3, induction_head):g} nats is more than three times what an "
             f"unpredictable token costs here (the first copy: {first:.2f} nats). Give both losses in "
-            "nats, the unit of section 3's loss, not in percent or bits.", mistake="not in nats")
+            "nats, the unit of section 3's loss, not in percent.", mistake="not in nats")
     if max(head_0_3, induction_head) <= clean + 0.15:
         raise CheckFailure(
             f"Not quite: you predict about the clean loss ({clean:.2f}) for both, as if removing one "

@@ -78,7 +78,8 @@ def _rows(folder: Path) -> dict[str, object]:
     return found
 
 
-def shard_run(paths: list[Path], rows: list, n: int, workers: int, mode: str, line: str, folder: Path) -> tuple[float, bool]:
+def shard_run(paths: list[Path], rows: list, n: int, workers: int, mode: str, line: str,
+              folder: Path) -> tuple[float, bool]:
     """(seconds for the N shards one after another plus the merge, whether the merged files equal
     the batch's)."""
     options = ["--timeout", "1800", "--notebook-timeout", "7200", "--memory-gb", "8", "--workers", str(workers),

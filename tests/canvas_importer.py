@@ -72,7 +72,8 @@ def parse_header(row: list[str]) -> tuple[int, dict[str, int]]:
         if len(row) > 4 + integration and re.search(r"Root\s+Account", row[4 + integration]):
             columns += 1
     if "Section" not in row[columns - 1]:  # last_student_info_column(row).include?("Section")
-        raise InvalidHeaderRow(f"the last learner column (column {columns}) must be Section, found {row[columns - 1]!r}")
+        raise InvalidHeaderRow(f"the last learner column (column {columns}) must be Section, "
+                               f"found {row[columns - 1]!r}")
     return columns, ids
 
 

@@ -182,3 +182,15 @@ def test_a_submission_that_cannot_be_graded_gets_0_and_says_why(results, name, w
 
 def test_no_process_is_left(results):
     assert results["_left"] == []
+
+
+def test_a_grader_that_cannot_start_still_leaves_a_results_json(autograder, tmp_path):
+    with zipfile.ZipFile(autograder) as archive:
+        (tmp_path / "run_autograder").write_bytes(archive.read("run_autograder"))
+    (tmp_path / "run_autograder").chmod(0o755)
+    (tmp_path / "source").mkdir()
+    env = dict(os.environ, AUTOGRADER_ROOT=str(tmp_path), AUTOGRADER_PYTHON="/bin/false")
+    assert subprocess.run([str(tmp_path / "run_autograder")], env=env, timeout=60).returncode == 0
+    data = json.loads((tmp_path / "results" / "results.json").read_text())
+    check_results(data)
+    assert data["score"] == 0 and "could not run (exit status 1)" in data["output"]

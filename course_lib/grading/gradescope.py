@@ -72,7 +72,9 @@ cd "$ROOT/source" || exit 0
 "$PY" -m course_lib.grading.gradescope_run --root "$ROOT"
 status=$?
 if [ ! -s "$ROOT/results/results.json" ]; then  # the grader itself could not start: say so, score 0
-    printf '%s\n' '{"score": 0, "output": "The autograder could not run (exit status '"$status"'). Please tell your instructor.", "visibility": "visible", "stdout_visibility": "hidden", "tests": []}' > "$ROOT/results/results.json"
+    message="The autograder could not run (exit status $status). Please tell your instructor."
+    printf '{"score": 0, "output": "%s", "visibility": "visible", "stdout_visibility": "hidden", "tests": []}\n' \
+        "$message" > "$ROOT/results/results.json"
 fi
 exit 0
 """

@@ -145,7 +145,8 @@ def grade(root: Path, config: dict[str, Any], python: str = sys.executable) -> d
                       "output": _output(result), "output_format": "text", "visibility": "visible"})
     n_passed = sum(t["status"] == "passed" for t in tests)
     score = number(sum(t["score"] for t in tests))
-    summary = f"{note}Lesson {lesson.lesson_id}: {n_passed} of {len(tests)} exercises passed, {score} of {total} points."
+    summary = (f"{note}Lesson {lesson.lesson_id}: {n_passed} of {len(tests)} exercises passed, "
+               f"{score} of {total} points.")
     if row.status != "graded":
         summary += f" Note: {row.status}. " + "; ".join(row.notes)
     if row.peeked:

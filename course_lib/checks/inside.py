@@ -259,7 +259,7 @@ def _check_induction_score(fn: Callable[..., Any]) -> None:
             continue
         for message, wrong in _score_mistakes(pattern, n):
             if _close(got, wrong, 1e-5):
-                raise CheckFailure(f"Likely mistake ({case}): {message}.")
+                raise CheckFailure(f"Likely mistake ({case}): {message}.", mistake=message)
         written_in = _one_length(fn, n, case)
         if written_in:
             raise written_in
@@ -520,7 +520,7 @@ def _hook_verdict(got: torch.Tensor, expected: torch.Tensor, unhooked: torch.Ten
         raise CheckFailure(unchanged.format(case=case))
     for message, wrong in mistakes:
         if _close(got, wrong, 1e-5):
-            raise CheckFailure(f"Likely mistake ({case}): {message}.")
+            raise CheckFailure(f"Likely mistake ({case}): {message}.", mistake=message)
     raise CheckFailure(
         f"The model's output with your hook differs from its output with course_lib's ({case}): "
         f"largest difference {(got - expected).abs().max().item():.3g}. None of the usual mistakes "
@@ -999,7 +999,7 @@ def _check_patching_table(fn: Callable[..., Any]) -> None:
             continue
         for message, wrong in _table_mistakes(model, clean, corrupted):
             if _close(got, wrong, 1e-4):
-                raise CheckFailure(f"Likely mistake ({case}): {message}.")
+                raise CheckFailure(f"Likely mistake ({case}): {message}.", mistake=message)
         raise CheckFailure(
             f"Your table differs from course_lib's reference ({case}): largest difference "
             f"{(got.double() - expected.double()).abs().max().item():.3g}. None of the usual mistakes "
@@ -1113,7 +1113,7 @@ def _check_ov_circuit(fn: Callable[..., Any]) -> None:
                 continue
             for message, wrong in _ov_mistakes(model, layer, head):
                 if _close(got / scale, wrong.detach() / scale, 1e-5):
-                    raise CheckFailure(f"Likely mistake ({case}): {message}.")
+                    raise CheckFailure(f"Likely mistake ({case}): {message}.", mistake=message)
             if _close(got / scale, -expected / scale, 1e-5):
                 raise CheckFailure(f"The sign is reversed ({case}): row a must be what the head ADDS.")
             raise CheckFailure(

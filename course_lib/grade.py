@@ -33,6 +33,7 @@ from pathlib import Path
 from .grading import platforms
 from .grading.lessons import read_lessons
 from .grading.report import write_all
+from .grading.roster import match
 from .grading.runner import (Graded, Settings, _needed_under_tmp, become_subreaper, configure_worker, end_processes,
                              grade_submission)
 from .grading.shards import parse_shard, shard_of, write_rows
@@ -153,8 +154,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(err))
     try:
         everyone = _submissions(args.submissions)
+        if platform.roster is not None:
+            match(platform.roster, [p.stem for p in everyone])  # two files for one roster learner: stop now
     except SystemExit as err:  # a missing file, two files with one learner id: what to fix, exit code 2
         parser.exit(2, f"{err}\n")
+    except ValueError as err:
+        parser.error(str(err))
     mode, line = _sandbox(args.sandbox)
     print(line, flush=True)
     paths = everyone

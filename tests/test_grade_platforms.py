@@ -264,3 +264,15 @@ def test_read_roster_skips_what_is_not_a_learner(tmp_path):
     roster = read_roster(tmp_path / "r.csv")
     assert [r["Student"] for r in roster.rows] == ["Lovelace; Ada", "Turing; Alan", "Hopper; Grace", "Student; Test"]
     assert roster.canvas_assignments() == {"00": "5501"}
+
+
+def test_two_files_for_one_roster_learner_stop_before_grading(tmp_path, capsys):
+    (tmp_path / "roster.csv").write_text(CANVAS_EXPORT, encoding="utf-8")
+    (tmp_path / "class").mkdir()
+    for stem in ("Ada", "ada"):
+        (tmp_path / "class" / f"{stem}.ipynb").write_text("{}")
+    with pytest.raises(SystemExit) as stop:
+        grade.main(["--out", str(tmp_path / "out"), "--roster", str(tmp_path / "roster.csv"), str(tmp_path / "class")])
+    assert stop.value.code == 2
+    assert "'Ada' and 'ada' both match the SIS Login ID 'ada'" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

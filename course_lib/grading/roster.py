@@ -98,14 +98,20 @@ def read_roster(path: Path, key: str = DEFAULT_KEY) -> Roster:
 
 
 def match(roster: Roster, stems: list[str]) -> RosterMatch:
-    """Match each submission's stem to the roster row whose key column holds it."""
+    """Match each submission's stem to the roster row whose key column holds it. ValueError if two
+    stems match one row (``Ada`` and ``ada``: the match ignores case)."""
     by_key = {_normal(row[roster.key]): row for row in roster.rows if row[roster.key].strip()}
     result = RosterMatch()
+    owner: dict[int, str] = {}
     for stem in sorted(stems):
         row = by_key.get(_normal(stem))
         if row is None:
             result.not_in_roster.append(stem)
+        elif id(row) in owner:
+            raise ValueError(f"--roster: the submissions {owner[id(row)]!r} and {stem!r} both match the {roster.key} "
+                             f"{row[roster.key]!r} (case is ignored); keep one file per learner")
         else:
+            owner[id(row)] = stem
             result.matched[stem] = row
     found = {id(row) for row in result.matched.values()}
     result.no_submission = [row for row in roster.rows if id(row) not in found]

@@ -133,8 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--points", default=None, help="points per exercise (as course_lib.grade's --points)")
     parser.add_argument("--timeout", type=float, default=300, help="seconds per cell (default 300)")
     parser.add_argument("--notebook-timeout", type=float, default=480,
-                        help="seconds per notebook (default 480; keep it under the assignment's Gradescope "
-                             "timeout, which is 10 minutes unless you raise it)")
+                        help="seconds per notebook (default 480; keep it under the assignment's autograder "
+                             "timeout, 10 minutes by default on Gradescope, at most 40)")
     parser.add_argument("--visibility", choices=VISIBILITY, default="visible",
                         help="when learners see their results (Gradescope's values; default visible)")
     args = parser.parse_args(argv)
@@ -147,7 +147,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(err))
     out = build(args.lesson, args.out, points, args.timeout, args.notebook_timeout, args.visibility)
     print(f"gradescope: wrote {out} ({out.stat().st_size / 2**20:.1f} MB) for lesson {args.lesson}: upload it as "
-          "the assignment's autograder (Configure Autograder > Zip file upload)")
+          "the assignment's autograder (Configure Autograder > Zip file upload). In its Autograder Settings, give "
+          "it more memory than the default 768 MB (2 GB or more: the grader, a kernel and PyTorch share it), a "
+          f"timeout above {args.notebook_timeout:g} s, and a whole CPU if the lesson trains")
     return 0
 
 

@@ -80,6 +80,19 @@ def _left_behind(tmp: Path) -> list[str]:
     return found
 
 
+def _socket_folders_of(tmp: Path) -> list[str]:
+    """The sockets' own folders under /tmp (long scratch paths) left by this test's grading runs;
+    each names the scratch folder it served (other runs on the machine may have theirs)."""
+    left = []
+    for folder in Path("/tmp").glob("grade-ipc-*"):
+        try:
+            if (folder / "scratch").read_text(encoding="utf-8").startswith(str(tmp)):
+                left.append(str(folder))
+        except OSError:
+            continue
+    return left
+
+
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("grade")
@@ -90,7 +103,6 @@ def graded(tmp_path_factory):
     write(main_class, tmp / "class")
     write(slow, tmp / "slow")
     write(plain, tmp / "plain")
-    sockets_before = set(Path("/tmp").glob("grade-ipc-*"))
     before = (_digest(tmp / "class"), _digest(ROOT / "notebooks", "0[0-2]_*.ipynb"))  # the class's lessons
     # The endless loop burns a core for its 5 s limit, twice (its cell, then the re-check); it runs
     # beside the class's call, not after it. Lesson 00's slowest cell takes under 1 s.
@@ -108,7 +120,7 @@ def graded(tmp_path_factory):
     after = (_digest(tmp / "class"), _digest(ROOT / "notebooks", "0[0-2]_*.ipynb"))  # the class's lessons
     left = _left_behind(tmp)
     tmp_files = [str(p) for d in ("tmp_slow", TMP_CLASS, "tmp_plain") for p in (tmp / d).rglob("*")]
-    tmp_files += [str(p) for p in set(Path("/tmp").glob("grade-ipc-*")) - sockets_before]
+    tmp_files += _socket_folders_of(tmp)
     return {"tmp": tmp, "class": main_class, "slow": slow, "plain": plain, "before": before, "after": after,
             "log": log, "plain_log": plain_log, "left": left, "tmp_files": tmp_files}
 
@@ -173,7 +185,8 @@ def test_sockets_go_where_their_paths_fit(tmp_path):
         outside = socket_folder(long)
         assert long not in outside.parents and len(str(outside / "kernel-99")) <= 107
         assert outside.is_dir() and not (long / "ipc").exists()
-        outside.rmdir()
+        assert _socket_folders_of(tmp_path) == [str(outside)]
+        shutil.rmtree(outside)
     finally:
         shutil.rmtree(short)
 

@@ -96,6 +96,7 @@ def socket_folder(scratch: Path) -> Path:
         except OSError:
             continue
         if len(str(folder / "kernel-99")) <= _SOCKET_PATH_MAX:
+            (folder / "scratch").write_text(str(scratch), encoding="utf-8")  # whose sockets these are
             return folder
         folder.rmdir()
     raise RuntimeError(f"no folder for the kernel's sockets: {inside} is longer than a Unix socket's "

@@ -153,6 +153,7 @@ def test_every_results_json_follows_the_specification(results):
         if not name.startswith("_"):
             check_results(data)
             assert data["stdout_visibility"] == "hidden" and data["visibility"] == "visible", name
+            assert not any("visibility" in t for t in data["tests"]), name  # they inherit the top level's
             assert [t["max_score"] for t in data["tests"]] == [1.0, 2.0, 1.0], name  # every exercise, its points
 
 
@@ -194,3 +195,17 @@ def test_a_grader_that_cannot_start_still_leaves_a_results_json(autograder, tmp_
     data = json.loads((tmp_path / "results" / "results.json").read_text())
     check_results(data)
     assert data["score"] == 0 and "could not run (exit status 1)" in data["output"]
+
+
+def test_the_visibility_and_a_bad_lesson(tmp_path, capsys):
+    from course_lib.grading import gradescope
+
+    assert gradescope.main(["--lesson", "00", "--out", str(tmp_path / "a.zip"), "--visibility", "after_due_date"]) == 0
+    with zipfile.ZipFile(tmp_path / "a.zip") as archive:
+        assert json.loads(archive.read("config.json"))["visibility"] == "after_due_date"
+    for argv, words in ((["--lesson", "99"], "the lessons with checked exercises are 00, 01"),
+                        (["--lesson", "00", "--points", "00.nope=2"], "unknown exercise '00.nope'")):
+        with pytest.raises(SystemExit) as stop:
+            gradescope.main([*argv, "--out", str(tmp_path / "b.zip")])
+        assert stop.value.code == 2 and words in capsys.readouterr().err
+    assert not (tmp_path / "b.zip").exists()

@@ -110,6 +110,9 @@ def test_total_is_the_sum_of_the_points_earned(tmp_path):
     # without --points every exercise is worth 1, as before
     write(tmp_path / "plain", CLASS)
     assert {r[0]: r for r in csv_rows(tmp_path / "plain" / "grades.csv")}["ada"][2:] == ["1", "1", "1", "3", "graded"]
+    # the feedback page says the points when exercises are weighted, and only then
+    assert "lesson 00: 2 of 3 exercises passed, 1.5 of 3.5 points." in (tmp_path / "feedback" / "alan.html").read_text()
+    assert "lesson 00: 2 of 3 exercises passed.</p>" in (tmp_path / "plain" / "feedback" / "alan.html").read_text()
 
 
 # ----------------------------------------------------------------------------------------------

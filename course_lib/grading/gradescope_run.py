@@ -5,8 +5,9 @@ grades ``ROOT/submission/*.ipynb`` with ``python -m course_lib.grade`` (in a chi
 a submission that kills its grader still gets a results file) and writes, following Gradescope's
 specification: one test per exercise of the lesson (``name``, ``score``, ``max_score``,
 ``status``, ``output``: the checker's message as the feedback page shows it), the overall
-``score``, ``output`` (a summary), ``visibility``, ``stdout_visibility`` (hidden: the grader's log
-is for the instructor) and ``execution_time``. No notebook, a file that is not a notebook, a
+``score``, ``output`` (a summary), ``visibility`` (the builder's ``--visibility``; the tests set
+none of their own, so they inherit it: a test's own "visible" would show it before the due date),
+``stdout_visibility`` (hidden: the grader's log is for the instructor) and ``execution_time``. No notebook, a file that is not a notebook, a
 notebook of another lesson, or a grader that fails: score 0 and a message that says what to do;
 never a crash without a results file.
 
@@ -44,7 +45,7 @@ def _result(tests: list[dict[str, Any]], output: str, config: dict[str, Any], se
 def _zero_tests(lesson: Any, points: dict[str, float], output: str) -> list[dict[str, Any]]:
     """Every exercise of the lesson at 0, so that learners see what the assignment is worth."""
     return [{"name": f"{e.key} ({e.name})", "score": 0.0, "max_score": worth(e.key, points), "status": "failed",
-             "output": output, "visibility": "visible"} for e in lesson.exercises]
+             "output": output} for e in lesson.exercises]
 
 
 def _output(result: dict[str, str]) -> str:
@@ -142,7 +143,7 @@ def grade(root: Path, config: dict[str, Any], python: str = sys.executable) -> d
         passed = result["outcome"] == "passed"
         tests.append({"name": f"{ex.key} ({ex.name})", "score": worth(ex.key, points) if passed else 0.0,
                       "max_score": worth(ex.key, points), "status": "passed" if passed else "failed",
-                      "output": _output(result), "output_format": "text", "visibility": "visible"})
+                      "output": _output(result), "output_format": "text"})
     n_passed = sum(t["status"] == "passed" for t in tests)
     score = number(sum(t["score"] for t in tests))
     summary = (f"{note}Lesson {lesson.lesson_id}: {n_passed} of {len(tests)} exercises passed, "

@@ -16,7 +16,7 @@ from collections import Counter
 from pathlib import Path
 
 from .lessons import Lesson
-from .points import earned, number
+from .points import earned, number, worth
 from .roster import RosterMatch, describe
 from .runner import Graded
 
@@ -141,7 +141,7 @@ def _report(rows: list[Graded], lessons: dict[str, Lesson], sandbox: str = "",
             + "</body></html>")
 
 
-def _feedback(row: Graded, lessons: dict[str, Lesson]) -> str:
+def _feedback(row: Graded, lessons: dict[str, Lesson], points: dict[str, float] | None = None) -> str:
     esc = html.escape
     body = []
     for key, result in row.results.items():
@@ -157,10 +157,16 @@ def _feedback(row: Graded, lessons: dict[str, Lesson]) -> str:
     total = sum(row.marks().values())
     status = "" if row.status == "graded" else f"<p><b>Note:</b> {esc(row.status)}. {esc('; '.join(row.notes))}</p>"
     lesson = f"lesson {esc(row.lesson)}" if row.lesson else "no lesson recognised"
+    if points and row.results:  # weighted exercises: the points too
+        earned_points = number(sum(earned(row.results, points).values()))
+        total = f"{total} of {len(row.results)} exercises passed, {earned_points} of " \
+                f"{number(sum(worth(k, points) for k in row.results))} points"
+    else:
+        total = f"{total} of {len(row.results)} exercises passed"
     table = _table(["exercise", "result", "what the checker said"], body) if body else ""
     return (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>Feedback for "
             f"{esc(row.student)}</title><style>{_STYLE}</style></head><body><h1>Feedback for "
-            f"{esc(row.student)}</h1><p>{lesson}: {total} of {len(row.results)} exercises passed.</p>"
+            f"{esc(row.student)}</h1><p>{lesson}: {total}.</p>"
             f"{status}{table}</body></html>")
 
 
@@ -176,4 +182,4 @@ def write_all(out: Path, rows: list[Graded], lessons: dict[str, Lesson], sandbox
         _csv(out / f"grades_{lid}.csv", [r for r in rows if r.lesson == lid], lessons[lid].keys, points)
     (out / "report.html").write_text(_report(rows, lessons, sandbox, matched, key), encoding="utf-8")
     for r in rows:
-        (out / "feedback" / f"{r.student}.html").write_text(_feedback(r, lessons), encoding="utf-8")
+        (out / "feedback" / f"{r.student}.html").write_text(_feedback(r, lessons, points), encoding="utf-8")

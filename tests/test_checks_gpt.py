@@ -206,6 +206,9 @@ def _forward_parts(model, ids, positions=None, mask=None, norm_first=False):
          "a size is hard-coded"),
         (lambda m, ids: _forward_parts(m, ids, mask=causal_mask(64)),
          "a size is hard-coded"),
+        # a blind tryout's (2026-11-27): the position vectors flipped
+        (lambda m, ids: _forward_parts(m, ids, positions=m.embed.position(ids.size(1)).flip(0)),
+         "position vectors are in reverse order"),
     ],
 )
 def test_gpt_forward_more_named_mistakes(body, words):

@@ -968,7 +968,9 @@ def _decode_variant(knob=""):
         k = layer.split_heads(layer.k_proj(x_t), kv)
         v = layer.split_heads(layer.v_proj(x_t), kv)
         pos = torch.tensor([{"pos0": 0, "one_based": t + 1}.get(knob, t)])
-        if knob != "q_unturned":
+        if knob == "q_prev":  # the query one position behind its own key
+            q = apply_rope(q, torch.tensor([max(t - 1, 0)]))
+        elif knob != "q_unturned":
             q = apply_rope(q, pos)
         if knob not in ("k_unturned", "unturned_cache", "whole_at_t", "cache_unturned"):
             k = apply_rope(k, pos)
@@ -1079,6 +1081,7 @@ def test_rope_decode_other_styles_pass(fn):
     ("one_based", "positions counted from 1"), ("tril_mask", "attends to position 0 only"),
     ("whole_at_t", "turned again, all by the new position t"), ("unturned_cache", "turned twice"),
     ("no_out_proj", "out_proj is not applied"), ("cache_unturned", "appends to the cache .* is not turned"),
+    ("q_prev", "query is turned by t - 1 and the new key by t"),  # a blind tryout's, 2026-11-27
 ])
 def test_rope_decode_mistakes_are_named(knob, words):
     with pytest.raises(CheckFailure, match=words):

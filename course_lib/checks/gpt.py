@@ -177,6 +177,8 @@ def _gpt_forward_variant(
     tok = model.embed.token.embedding(ids) * (math.sqrt(d) if scale else 1.0)  # (B, T, d)
     if positions == "one_based":
         pos = model.embed.position(T + 1)[1:]  # (T, d): positions 1..T
+    elif positions == "reversed":
+        pos = model.embed.position(T).flip(0)  # (T, d): positions T-1..0
     else:
         pos = model.embed.position(T) if positions else torch.zeros(T, d)  # (T, d)
     p = model.embed.dropout.p
@@ -225,6 +227,8 @@ _FORWARD_MISTAKES: list[tuple[dict[str, Any], str]] = [
      "FINAL LayerNorm, applied once after the loop (each layer normalises its own inputs)"),
     ({"scale": True}, "the token vectors are multiplied by sqrt(d_model); that is the 2017 paper's "
      "scaling, GPT-2 has none (model.embed.token has scale 1)"),
+    ({"positions": "reversed"}, "the position vectors are in reverse order: the first character "
+     "gets position T-1. model.embed.position(T) is already in order, row t for position t"),
     ({"positions": False}, "the position vectors are missing: add model.embed.position(T), "
      "(T, d_model), to the token vectors; without them the model cannot tell order"),
     ({"chained": False}, "the layers are not chained: each layer must take the previous layer's "

@@ -1397,7 +1397,7 @@ def _decode_step64(layer: MultiHeadAttention, x_t: torch.Tensor, t: int, cache: 
     v = _heads64(layer, "v_proj", x_t, kv)
     pos = {"pos0": 0, "one_based": t + 1, "minus_one": t - 1}.get(knob, t)
     if knob != "q_unturned":
-        q = _turn_at(q, {"q_next": t + 1, "k_next": t}.get(knob, pos), base)
+        q = _turn_at(q, {"q_next": t + 1, "k_next": t, "q_prev": t - 1}.get(knob, pos), base)
     if knob == "k_next":
         pos = t + 1
     k_raw = k
@@ -1458,6 +1458,9 @@ _DECODE_MISTAKES = [
     ("q_next", "the new query and its key turned at different positions",
      "the query is turned by t + 1 and the new key by t: both belong to the newest token, at "
      "position t"),
+    ("q_prev", "the new query and its key turned at different positions",
+     "the query is turned by t - 1 and the new key by t: both belong to the newest token, at "
+     "position t (t - 1 is the last cached token's)"),
     ("k_next", "the new query and its key turned at different positions",
      "the query is turned by t and the new key by t + 1: both belong to the newest token, at "
      "position t"),
@@ -1653,7 +1656,7 @@ def check_rope_decode(fn: Callable[..., Any]) -> None:
                         matches.append((_close64(new_cache[0], wrong_k, atol=1e-4), name, hint))
                 if matches:
                     _, name, hint = max(matches, key=lambda m: m[0])  # the first with its cache too
-                    raise CheckFailure(f"Likely mistake ({case}, step t={t}): {name}. {hint}.")
+                    raise CheckFailure(f"Likely mistake ({case}, step t={t}): {name}. {hint}.", mistake=name)
                 raise CheckFailure(
                     f"Decoded step by step, the output at step t={t} ({case}) differs from the whole "
                     "sequence computed at once, by up to "

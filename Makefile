@@ -125,7 +125,13 @@ benchmark: setup
 OUT ?= build/grades
 grade: setup
 	@test -n "$(SUBMISSIONS)" || { echo "usage: make grade SUBMISSIONS=folder [OUT=build/grades]"; exit 2; }
-	$(PY) -m course_lib.grade --sandbox $(or $(SANDBOX),auto) --out $(OUT) $(SUBMISSIONS)
+	$(PY) -m course_lib.grade --sandbox $(or $(SANDBOX),auto) --out $(OUT) $(if $(ROSTER),--roster $(ROSTER)) $(if $(POINTS),--points $(POINTS)) $(SUBMISSIONS)
+
+# A Gradescope autograder for one lesson: make gradescope LESSON=09 [POINTS=...] (build/autograder_09.zip)
+.PHONY: gradescope
+gradescope: setup
+	@test -n "$(LESSON)" || { echo "usage: make gradescope LESSON=NN [POINTS=...]"; exit 2; }
+	$(PY) -m course_lib.grading.gradescope --lesson $(LESSON) --out build/autograder_$(LESSON).zip $(if $(POINTS),--points $(POINTS))
 
 # Lesson 11's measured tables (block ablation, length generalisation; 3 seeds each), written to
 # course_lib/results/ for the lesson to load. About 20 minutes; run it alone on a quiet machine.

@@ -1191,6 +1191,17 @@ def check_bpe_encode(fn: Callable[..., Any]) -> None:
           "encoded in good time. Well done!")
 
 
+def _raise_first_explaining(outputs: list, wrong: list, mistakes: list, prefix: str,
+                            variant: Callable[[str, Any, dict], Any]) -> None:
+    """Raise for the first of ``mistakes`` (``(knobs, reason)``) whose ``variant(text, arg, knobs)``
+    gives the learner's output on every case of ``outputs`` (``(label, text, arg, got, expected)``),
+    else for the first that explains the first wrong case."""
+    for checked in (outputs, wrong[:1]):
+        for knobs, reason in mistakes:
+            if all(got == variant(text, arg, knobs) for _, text, arg, got, _ in checked):
+                raise CheckFailure(f"{prefix}: {reason}.", mistake=reason)
+
+
 def _name_encode_mistake(outputs: list) -> None:
     """Fail, naming the likely mistake, if some output differs from the reference's."""
     wrong = [out for out in outputs if out[3] != out[4]]
@@ -1199,11 +1210,8 @@ def _name_encode_mistake(outputs: list) -> None:
     # the mistake that explains every text (else: one that explains the first wrong one)
     label, text, merges, got, expected = wrong[0]
     shown = f"you return {_short_list(got)}, expected {_short_list(expected)}"
-    for every in (True, False):
-        for knobs, reason in _ENCODE_MISTAKES:
-            checked = outputs if every else wrong[:1]
-            if all(g == reference_bpe_encode(t, m, **knobs) for _, t, m, g, _ in checked):
-                raise CheckFailure(f"Likely mistake ({label}): {shown}: {reason}.", mistake=reason)
+    _raise_first_explaining(outputs, wrong, _ENCODE_MISTAKES, f"Likely mistake ({label}): {shown}",
+                            lambda text, merges, knobs: reference_bpe_encode(text, merges, **knobs))
     chunks = _split(text)
     if len(chunks) > 1 and got == reference_bpe_encode(chunks[-1], merges):
         raise CheckFailure(f"Likely mistake ({label}): {shown}: your result holds only the last "
@@ -1446,12 +1454,9 @@ def _name_train_mistake(outputs: list) -> None:
         return
     label, text, num_merges, got, expected = wrong[0]
     shown = f"you return {_describe_merges(got)}, expected {_describe_merges(expected)}"
-    for every in (True, False):
-        for knobs, reason in _TRAIN_MISTAKES:
-            checked = outputs if every else wrong[:1]
-            if all(g == sorted(reference_train_bpe(t, n, **knobs).items(),
-                               key=lambda item: item[1]) for _, t, n, g, _ in checked):
-                raise CheckFailure(f"Likely mistake ({label}): {shown}: {reason}.", mistake=reason)
+    _raise_first_explaining(outputs, wrong, _TRAIN_MISTAKES, f"Likely mistake ({label}): {shown}",
+                            lambda text, n, knobs: sorted(reference_train_bpe(text, n, **knobs).items(),
+                                                          key=lambda item: item[1]))
     ids = [n for _, n in got]
     if ids != list(range(256, 256 + len(got))):
         skipped = sorted(set(range(256, max(ids, default=256))) - set(ids))

@@ -35,7 +35,7 @@ from .grading.lessons import read_lessons
 from .grading.report import write_all
 from .grading.roster import match
 from .grading.runner import (Graded, Settings, _needed_under_tmp, become_subreaper, configure_worker, end_processes,
-                             grade_submission)
+                             grade_submission, socket_root)
 from .grading.shards import parse_shard, shard_of, write_rows
 
 
@@ -182,16 +182,19 @@ def main(argv: list[str] | None = None) -> int:
                     | {str(p.resolve()) for p in paths} | {str(args.out.resolve())})
     scratch_root = tempfile.mkdtemp(prefix="grade-run-")
     os.chmod(scratch_root, 0o700)
+    sockets = socket_root(scratch_root)  # None unless TMPDIR is too long for a socket's address
     settings = Settings(cell_timeout=args.timeout, notebook_timeout=args.notebook_timeout,
                         memory_bytes=memory, threads=max(1, _cores() // workers), sandbox=mode,
-                        scratch_root=scratch_root, hidden=hidden,
+                        scratch_root=scratch_root, socket_root=sockets, hidden=hidden,
                         seed=secrets.randbits(30))  # the re-check's seeds: one fresh draw per batch
     start = time.monotonic()
     become_subreaper()
     try:
         rows = grade_all(paths, settings, workers, contents) if paths else []
-    finally:
+    finally:  # here, not in the workers: a worker killed mid-run removes nothing
         shutil.rmtree(scratch_root, ignore_errors=True)
+        if sockets:
+            shutil.rmtree(sockets, ignore_errors=True)
     graded = sum(r.status == "graded" for r in rows)
     print(f"grade: {len(rows)} submissions ({graded} graded cleanly) in {time.monotonic() - start:.0f} s on "
           f"{workers} worker(s), sandbox {mode}")

@@ -29,13 +29,14 @@ from grade_class import GRADIENT_MISTAKES, MARK, build, build_plain, build_sandb
 from course_lib.grade import _sandbox
 from course_lib.grading.lessons import read_lessons
 from course_lib.grading.report import mistake_of
-from course_lib.grading.runner import socket_folder
+from course_lib.grading.runner import socket_folder, socket_root
 
 ROOT = Path(__file__).resolve().parent.parent
 SANDBOX = _sandbox("auto")[0] == "bwrap"
 # the class's TMPDIR is long on purpose: its scratch folders' socket paths would pass a Unix
 # socket's 107 characters, as pytest's own temporary folders do on some machines
 TMP_CLASS = "tmp_class_" + "long" * 15
+TMP_PLAIN = "tmp_plain_" + "long" * 15  # and with a worker killed under it (kills_grader)
 
 
 def _digest(folder: Path, pattern: str = "*") -> str:
@@ -81,8 +82,8 @@ def _left_behind(tmp: Path) -> list[str]:
 
 
 def _socket_folders_of(tmp: Path) -> list[str]:
-    """The sockets' own folders under /tmp (long scratch paths) left by this test's grading runs;
-    each names the scratch folder it served (other runs on the machine may have theirs)."""
+    """The runs' socket folders under /tmp (made when scratch paths are too long) that this test's
+    grading runs left; each names its run's scratch root (other runs on the machine have theirs)."""
     left = []
     for folder in Path("/tmp").glob("grade-ipc-*"):
         try:
@@ -110,7 +111,7 @@ def graded(tmp_path_factory):
     try:
         log = _finish_grading(_start_grading(tmp / "out", tmp / "class", tmp / TMP_CLASS,
                                              "--workers", "2", "--timeout", "120"))
-        plain_log = _finish_grading(_start_grading(tmp / "out_plain", tmp / "plain", tmp / "tmp_plain",
+        plain_log = _finish_grading(_start_grading(tmp / "out_plain", tmp / "plain", tmp / TMP_PLAIN,
                                                    "--workers", "2", "--timeout", "120", "--sandbox", "none"))
     except BaseException:
         slow_call.kill()  # no grader left running behind a failed test
@@ -119,7 +120,7 @@ def graded(tmp_path_factory):
     _finish_grading(slow_call)
     after = (_digest(tmp / "class"), _digest(ROOT / "notebooks", "0[0-2]_*.ipynb"))  # the class's lessons
     left = _left_behind(tmp)
-    tmp_files = [str(p) for d in ("tmp_slow", TMP_CLASS, "tmp_plain") for p in (tmp / d).rglob("*")]
+    tmp_files = [str(p) for d in ("tmp_slow", TMP_CLASS, TMP_PLAIN) for p in (tmp / d).rglob("*")]
     tmp_files += _socket_folders_of(tmp)
     return {"tmp": tmp, "class": main_class, "slow": slow, "plain": plain, "before": before, "after": after,
             "log": log, "plain_log": plain_log, "left": left, "tmp_files": tmp_files}
@@ -179,14 +180,16 @@ def test_no_process_kernel_or_temporary_file_is_left(graded):
 def test_sockets_go_where_their_paths_fit(tmp_path):
     short = Path(tempfile.mkdtemp(prefix="g-", dir="/tmp"))
     long = tmp_path / ("x" * 100)
-    long.mkdir()
+    (long / "grade-1").mkdir(parents=True)
     try:
+        assert socket_root(str(short)) is None
         assert socket_folder(short) == short / "ipc" and (short / "ipc").is_dir()
-        outside = socket_folder(long)
-        assert long not in outside.parents and len(str(outside / "kernel-99")) <= 107
-        assert outside.is_dir() and not (long / "ipc").exists()
-        assert _socket_folders_of(tmp_path) == [str(outside)]
-        shutil.rmtree(outside)
+        root = socket_root(str(long))  # the run's own folder, named after its scratch root
+        assert root and _socket_folders_of(tmp_path) == [root]
+        outside = socket_folder(long / "grade-1", root)
+        assert outside.parent == Path(root) and len(str(outside / "kernel-99")) <= 107
+        assert not (long / "grade-1" / "ipc").exists()
+        shutil.rmtree(root)
     finally:
         shutil.rmtree(short)
 

@@ -44,6 +44,7 @@ class Settings:
     seed: int = -1  # the re-check's seed: -1 draws a fresh one per submission (see _recheck_seed)
     sandbox: str = "none"  # "bwrap": each kernel in a bubblewrap sandbox; "none": as a plain process
     scratch_root: str | None = None  # where the submissions' scratch folders go (default: TMPDIR)
+    socket_root: str | None = None  # where their sockets go when scratch paths are too long (socket_root)
     hidden: list[str] = field(default_factory=list)  # paths the sandbox hides (the class, the output)
 
 
@@ -81,26 +82,38 @@ def _needed_under_tmp() -> list[str]:
     return [p for p in needed if not any(p.startswith(q + "/") for q in needed if q != p)]
 
 
-def socket_folder(scratch: Path) -> Path:
-    """Where the kernel's IPC sockets go: ``scratch/ipc`` when their paths fit a Unix socket's
-    address (107 characters), else a short folder of their own under /tmp or /dev/shm. A long
-    TMPDIR, such as pytest's own temporary folders, makes ``scratch/ipc/kernel-1`` too long, and
-    the kernel could not start."""
-    inside = scratch / "ipc"
-    if len(str(inside / "kernel-99")) <= _SOCKET_PATH_MAX:
-        inside.mkdir(exist_ok=True)
-        return inside
+def socket_root(scratch_root: str) -> str | None:
+    """A short folder for a grading run's kernel sockets, made under /tmp (or /dev/shm) when the
+    scratch folders' own ``ipc/kernel-N`` paths would not fit a Unix socket's address (107
+    characters): a long TMPDIR, such as pytest's temporary folders. None when they fit. Its file
+    ``scratch`` names the run's scratch root. The caller removes it with the scratch root, so a
+    worker killed mid-run leaves nothing behind."""
+    longest = Path(scratch_root) / "grade-xxxxxxxx-xxxxxxxx" / "ipc" / "kernel-99"  # grade_submission's names
+    if len(str(longest)) <= _SOCKET_PATH_MAX:
+        return None
     for base in ("/tmp", "/dev/shm"):
         try:
             folder = Path(tempfile.mkdtemp(prefix="grade-ipc-", dir=base))
         except OSError:
             continue
-        if len(str(folder / "kernel-99")) <= _SOCKET_PATH_MAX:
-            (folder / "scratch").write_text(str(scratch), encoding="utf-8")  # whose sockets these are
-            return folder
+        if len(str(folder / "kxxxxxxxx" / "kernel-99")) <= _SOCKET_PATH_MAX:
+            (folder / "scratch").write_text(scratch_root, encoding="utf-8")  # whose sockets these are
+            return str(folder)
         folder.rmdir()
-    raise RuntimeError(f"no folder for the kernel's sockets: {inside} is longer than a Unix socket's "
+    raise RuntimeError(f"no folder for the kernels' sockets: {scratch_root} is too long for a Unix socket's "
                        f"{_SOCKET_PATH_MAX} characters and /tmp is not writable; set TMPDIR to a shorter folder")
+
+
+def socket_folder(scratch: Path, sockets_root: str | None = None) -> Path:
+    """Where one kernel's IPC sockets go: ``scratch/ipc`` when their paths fit a Unix socket's
+    address, else a folder of its own in ``sockets_root`` (``socket_root``'s), else in a short
+    folder made here under /tmp."""
+    inside = scratch / "ipc"
+    if len(str(inside / "kernel-99")) <= _SOCKET_PATH_MAX:
+        inside.mkdir(exist_ok=True)
+        return inside
+    root = sockets_root or socket_root(str(scratch))
+    return Path(tempfile.mkdtemp(prefix="k", dir=root))
 
 
 def _sandbox_command(scratch: Path, sockets: Path, settings: Settings) -> list[str]:
@@ -474,7 +487,7 @@ def grade_submission(path: Path, settings: Settings, lessons: dict[str, Lesson] 
     scratch = Path(tempfile.mkdtemp(prefix=f"grade-{secrets.token_hex(4)}-", dir=settings.scratch_root))
     sockets = scratch / "ipc"
     try:
-        sockets = socket_folder(scratch)
+        sockets = socket_folder(scratch, settings.socket_root)
         # the lesson folder's files, without any notebook: the kernel gets its cells from the
         # grader, and a copy of the learner's notebook on disk is an answer another kernel could read
         shutil.copytree(lesson.path.parent, scratch / "work", dirs_exist_ok=True,
@@ -488,7 +501,8 @@ def grade_submission(path: Path, settings: Settings, lessons: dict[str, Lesson] 
         if left:
             row.notes.append(f"ended {left} process(es) the notebook left running")
         shutil.rmtree(scratch, ignore_errors=True)
-        shutil.rmtree(sockets, ignore_errors=True)
+        if scratch not in sockets.parents:  # a socket folder outside: its own, or its run's one
+            shutil.rmtree(sockets if settings.socket_root else sockets.parent, ignore_errors=True)
     if moved:
         row.status = _worse(row.status, "stub moved")
         row.notes.append("the stub cell of " + ", ".join(moved) + " is gone and its name is defined after "

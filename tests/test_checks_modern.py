@@ -689,6 +689,8 @@ RMS_MISTAKES = [
     (lambda x, w, e: x * torch.rsqrt(x.pow(2).mean(dim=-1) + e) * w, "without keepdim"),
     (lambda x, w, e: x / torch.sqrt(_ms(x) + 1e-6) * w, r"eps written in as a number \(1e-06\)"),
     (lambda x, w, e: x / torch.sqrt(_ms(x) + 1e-5) * w, r"eps written in as a number \(1e-05\)"),
+    # a blind tryout's (2026-11-27): computed in float32 "for stability", never cast back
+    (lambda x, w, e: x.float() / torch.sqrt(_ms(x.float()) + e) * w, "torch.float32 for a torch.float64 input"),
 ]
 
 

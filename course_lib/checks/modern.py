@@ -944,6 +944,12 @@ def check_rmsnorm(cls: Any) -> None:
         expect_shape(got, shape, f"the output ({case})", "RMSNorm keeps the shape: (..., d_model).")
         if not got.is_floating_point():
             raise CheckFailure(f"The output has dtype {got.dtype}; it should be floating point.")
+        if torch.finfo(got.dtype).bits < torch.finfo(x.dtype).bits:
+            raise CheckFailure(
+                f"Your output is {got.dtype} for a {x.dtype} input ({case}): it is computed in, or "
+                f"cast to, {got.dtype} and not cast back, so the caller loses precision. Hugging "
+                "Face's LlamaRMSNorm computes in float32 too, then returns the input's dtype.",
+                mistake="the output's dtype is lower than the input's")
         x64, w64 = x.double(), w.double()
         _compare64(got, _rms_ref(x64, w64, eps), (x64, w64), _rms_mistakes(eps), case,
                    "x / sqrt(mean(x**2, last dim) + eps) * weight")

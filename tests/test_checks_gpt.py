@@ -179,6 +179,14 @@ def test_gpt_forward_mistakes(mistake, words):
         check_gpt_forward(_forward(**mistake))
 
 
+def _every_layer_normed(model, ids):
+    T = ids.size(1)
+    x = model.embed.dropout(model.embed.token(ids) + model.embed.position(T))
+    for layer in model.blocks.layers:
+        x = model.blocks.norm(layer(x, causal_mask(T)))
+    return x
+
+
 def _forward_parts(model, ids, positions=None, mask=None, norm_first=False):
     T = ids.size(1)
     pos = model.embed.position(T) if positions is None else positions
@@ -206,7 +214,9 @@ def _forward_parts(model, ids, positions=None, mask=None, norm_first=False):
          "a size is hard-coded"),
         (lambda m, ids: _forward_parts(m, ids, mask=causal_mask(64)),
          "a size is hard-coded"),
-        # a blind tryout's (2026-11-27): the position vectors flipped
+        # blind tryouts' (2026-11-27): the final norm after every layer and at the end; the
+        # position vectors flipped
+        (lambda m, ids: m.lm_head(m.blocks.norm(_every_layer_normed(m, ids))), "after every layer"),
         (lambda m, ids: _forward_parts(m, ids, positions=m.embed.position(ids.size(1)).flip(0)),
          "position vectors are in reverse order"),
     ],
@@ -1257,6 +1267,9 @@ def test_attention_port_reshape_instead_of_transpose_is_observed():
          "two places on"),
         (lambda model, window: F.cross_entropy(model(window[:, :-1])[:, :-1].reshape(-1, 37),
                                                window[:, 1:-1].reshape(-1)), "shift is made twice"),
+        # a blind tryout's (2026-11-27): the targets flattened column by column
+        (lambda model, window: F.cross_entropy(model(window[:, :-1]).reshape(-1, 37), window[:, 1:].t().reshape(-1)),
+         "flattened in another order"),
     ],
 )
 def test_lm_loss_second_tryout_mistakes_are_named(fn, words):
@@ -1332,6 +1345,7 @@ def test_attention_port_interleaved_columns_are_observed():
         ({"schedule": "warmup_s_over_w1"}, "s / \\(warmup \\+ 1\\)"),
         ({"correction": "v_with_beta1"}, "correction uses beta1"),
         ({"decay_how": "lr_squared"}, "learning rate twice"),
+        ({"correction": "t_plus_1"}, "counts the steps from 2"),  # a blind tryout's (2026-11-27)
     ],
 )
 def test_lm_train_third_tryout_mistakes_are_named(knobs, words):

@@ -196,9 +196,9 @@ def _gpt_forward_variant(
     for layer in model.blocks.layers:
         out = layer(h if chained else x, m)  # (B, T, d)
         h = h + out if extra_residual else out
-        if final_norm == "every_layer":
+        if final_norm in ("every_layer", "every_layer_and_end"):
             h = model.blocks.norm(h)
-    if final_norm == "end":
+    if final_norm in ("end", "every_layer_and_end"):
         h = model.blocks.norm(h)
     logits = model.lm_head(h)  # (B, T, V)
     if output == "softmax":
@@ -225,6 +225,9 @@ _FORWARD_MISTAKES: list[tuple[dict[str, Any], str]] = [
      "model.blocks.norm (GPT-2's ln_f) after the last layer, before lm_head"),
     ({"final_norm": "every_layer"}, "model.blocks.norm is applied after every layer; it is the "
      "FINAL LayerNorm, applied once after the loop (each layer normalises its own inputs)"),
+    ({"final_norm": "every_layer_and_end"}, "model.blocks.norm is applied after every layer (and "
+     "once more at the end); it is the FINAL LayerNorm, applied once after the loop (each layer "
+     "normalises its own inputs)"),
     ({"scale": True}, "the token vectors are multiplied by sqrt(d_model); that is the 2017 paper's "
      "scaling, GPT-2 has none (model.embed.token has scale 1)"),
     ({"positions": "reversed"}, "the position vectors are in reverse order: the first character "
@@ -821,6 +824,10 @@ def _loss_variants(model: GPT, window: torch.Tensor) -> list[tuple[str, Callable
          "log-softmax itself", lambda: F.cross_entropy(flat.softmax(-1), targets)),
         ("F.nll_loss is given the logits: it expects log-probabilities, so apply log_softmax first "
          "(or use F.cross_entropy on the logits)", lambda: F.nll_loss(flat, targets)),
+        ("the targets are flattened in another order than the logits (y.T, or reshaped across "
+         "windows): logits.reshape(-1, V) runs window by window, so flatten the targets (B, T) the "
+         "same way, y.reshape(-1)",
+         lambda: F.cross_entropy(flat, y.t().reshape(-1)) if y.size(0) > 1 else torch.tensor(float("nan"))),
         ("the loss uses label smoothing (the translation loss of lessons 06 and 08): a language "
          "model is scored with the plain cross-entropy of the next character",
          lambda: F.cross_entropy(flat, targets, label_smoothing=0.1)),
@@ -1372,8 +1379,9 @@ def _train_variant(model: GPT, batches: list[tuple[torch.Tensor, torch.Tensor]],
                 else:  # "no_one_minus": the new gradient not weighted by 1 - beta
                     m.mul_(b1).add_(g)
                     v.mul_(b2).add_(g * g)
-                bc1 = 1 - b1 ** t if correction in ("both", "m_only") else 1.0
-                bc2 = 1 - b2 ** t if correction in ("both", "v_only") else 1.0
+                tc = t + 1 if correction == "t_plus_1" else t  # the step count the correction uses
+                bc1 = 1 - b1 ** tc if correction in ("both", "m_only", "t_plus_1") else 1.0
+                bc2 = 1 - b2 ** tc if correction in ("both", "v_only", "t_plus_1") else 1.0
                 if correction == "v_with_beta1":
                     bc1, bc2 = 1 - b1 ** t, 1 - b1 ** t
                 m_hat, v_hat = m / bc1, v / bc2
@@ -1472,6 +1480,8 @@ _TRAIN_MISTAKES: list[tuple[dict[str, Any], str]] = [
      "steps need m / (1 - beta1^t) and v / (1 - beta2^t), t counted from 1"),
     ({"correction": "m_only"}, "the bias correction of v is missing (v / (1 - beta2^t))"),
     ({"correction": "v_only"}, "the bias correction of m is missing (m / (1 - beta1^t))"),
+    ({"correction": "t_plus_1"}, "the bias correction counts the steps from 2: the first update "
+     "divides by 1 - beta^1, so t is 1 at the first step (step index s = 0 gives t = s + 1)"),
     ({"correction": "v_with_beta1"}, "v's bias correction uses beta1: v / (1 - beta2^t), with "
      "beta2, the beta of v's own average"),
     ({"eps": "inside"}, "eps is inside the square root: AdamW divides by sqrt(v_hat) + eps"),

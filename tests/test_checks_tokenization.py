@@ -349,7 +349,16 @@ def _in_place(ids, pair, new_id):
     return ids
 
 
+def _both_new(ids, pair, new_id):  # a blind tryout's (2026-11-27): new_id written in both places
+    out = list(ids)
+    for i in range(len(ids) - 1):
+        if out[i] != new_id and (ids[i], ids[i + 1]) == tuple(pair):
+            out[i] = out[i + 1] = new_id
+    return out
+
+
 _MERGE_NAMED = [  # (wrong merge, its first message (observed), its second (more))
+    (_both_new, "each occurrence of the pair became two 300s", "the pair stands for ONE new id"),
     (_right_to_left, "your merged pair is further right than expected",
      "BPE reads a run from the left"),
     (_first_only, "a later occurrence of the pair is still there, unmerged",

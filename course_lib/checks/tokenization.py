@@ -443,6 +443,18 @@ def _merge_keeps_second(ids, pair, new_id):  # i += 1 after a match
     return _merge_variant(ids, pair, new_id, step=1)
 
 
+def _merge_both_new(ids, pair, new_id):  # both places of a match get the new id
+    out, i = [], 0
+    while i < len(ids):
+        if i + 1 < len(ids) and (ids[i], ids[i + 1]) == tuple(pair):
+            out += [new_id, new_id]
+            i += 2
+        else:
+            out.append(ids[i])
+            i += 1
+    return out
+
+
 def _merge_drops_last(ids, pair, new_id):  # while i < len(ids) - 1, last id never appended
     return _merge_variant(ids, pair, new_id, stop=1)
 
@@ -531,6 +543,11 @@ _MERGE_MISTAKES: list[tuple[Callable[..., list[int]], str, str]] = [
      "your result holds no {new} at all: where the input has the pair, both of its ids are gone",
      "when the pair is found, the loop moves past its two ids without putting the new id in "
      "their place"),
+    (_merge_both_new,
+     "your result is as long as the input: each occurrence of the pair became two {new}s, one "
+     "in each of the pair's places",
+     "both ids of a found pair are overwritten by the new id; the pair stands for ONE new id, "
+     "so the result is one id shorter per occurrence"),
     (_merge_drops_last,
      "your result ends before the input does: the input's last id {last} is missing",
      "the loop stops one id before the end, and the last id, when it is not part of a pair, is "

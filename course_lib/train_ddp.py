@@ -81,6 +81,15 @@ def main(argv: list[str] | None = None) -> dict:
             dist.destroy_process_group()
 
 
+def _mean_over_ranks(values: torch.Tensor, world_size: int, ddp: bool) -> torch.Tensor:
+    """The mean of ``values`` (any shape) over the ranks; each rank's equal share makes it the global mean."""
+    if not ddp:
+        return values
+    values = values.clone()
+    dist.all_reduce(values)
+    return values / world_size
+
+
 def _train(args: argparse.Namespace, rank: int, world_size: int, local_world: int,
            device: torch.device, ddp: bool) -> dict:
     from .tasks import ShakespeareCorpus
@@ -118,7 +127,7 @@ def _train(args: argparse.Namespace, rank: int, world_size: int, local_world: in
         optimizer, lambda s: warmup_cosine(s, warmup, args.steps, ratio))
     gen = torch.Generator().manual_seed(args.seed)  # the same global batches on every rank
     share = args.batch_size // world_size
-    losses: list[float] = []
+    local_losses: list[torch.Tensor] = []
     if master:
         engine = ("FSDP2" if args.fsdp else "DDP") if ddp else "one process"
         print(f"{engine}: {world_size} process(es) x {threads} thread(s), {device.type}, global batch "
@@ -138,14 +147,15 @@ def _train(args: argparse.Namespace, rank: int, world_size: int, local_world: in
         torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.max_grad_norm)
         optimizer.step()
         scheduler.step()
-        mean = loss.detach().clone()
-        if ddp:
-            dist.all_reduce(mean)
-            mean /= world_size
-        losses.append(mean.item())
-        if master and (step % args.log_every == 0 or step == args.steps - 1):
-            print(f"step {step:4d}  loss {losses[-1]:.4f}", flush=True)
+        local_losses.append(loss.detach())  # this rank's mean over its share
+        if step % args.log_every == 0 or step == args.steps - 1:
+            logged = _mean_over_ranks(loss.detach(), world_size, ddp)  # every rank takes part
+            if master:
+                print(f"step {step:4d}  loss {logged.item():.4f}", flush=True)
     end = time.perf_counter()
+    # The curve over all ranks, in one all-reduce at the end rather than one per step: a per-step
+    # reduction would be a second message after the gradients' and would wait for the slowest rank.
+    losses = _mean_over_ranks(torch.stack(local_losses), world_size, ddp).tolist()
     timed_steps = args.steps - 1 if timed_from is not None else args.steps
     seconds = end - (timed_from if timed_from is not None else start)
     tokens_per_s = args.batch_size * args.block_size * timed_steps / seconds if seconds > 0 else math.nan

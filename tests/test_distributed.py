@@ -241,14 +241,25 @@ def test_ddp_benchmark_prints_its_two_lines(monkeypatch, capsys):
     spec = importlib.util.spec_from_file_location("bench_ddp", ROOT / "benchmarks" / "ddp.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    fake = {1: {"tokens_per_s": 1000.0, "losses": [4.4, 3.0]}, 2: {"tokens_per_s": 1800.0, "losses": [4.4, 3.0]}}
-    monkeypatch.setattr(bench, "throughput", lambda n, threads, steps, folder: fake[n])
-    bench.main(["--processes", "2", "--steps", "2"])
+    # Alternating runs: one noisy pair (the 3rd) must not move the medians.
+    speeds = {1: iter([1000.0, 1010.0, 500.0, 990.0, 1000.0] * 2), 2: iter([1800.0, 1790.0, 1810.0, 3000.0, 1800.0] * 2)}
+    calls = []
+
+    def fake(n, threads, batch_size, steps, folder):
+        calls.append((n, batch_size, steps))
+        return {"tokens_per_s": next(speeds[n]), "losses": [4.4, 3.0 + (n - 1) * 1e-6]}
+
+    monkeypatch.setattr(bench, "throughput", fake)
+    bench.main(["--processes", "2", "--batch-sizes", "64", "32", "--repeats", "5", "--tokens", "8192"])
     lines = capsys.readouterr().out.splitlines()
+    assert [n for n, _, _ in calls] == [1, 2] * 10  # alternating, each side 5 times per batch size
+    assert [(b, s) for _, b, s in calls[:2]] == [(64, 20), (64, 20)]  # at least 20 steps a run
     assert lines[0].startswith("ddp: 2 processes x ") and "1,800 tokens/s vs 1,000 for one (efficiency 0.90)" in lines[0]
     gap = float(lines[0].rsplit("within ", 1)[1])
     assert gap <= 1e-15
     assert lines[1].startswith("bytes per rank") and "ZeRO-1 225/225" in lines[1] and "FSDP 113/112" in lines[1]
+    assert lines[2].startswith("(global batch 64 x 64: efficiency 0.90, medians of 5") and "1.0e-06" in lines[2]
+    assert lines[3].startswith("(global batch 32 x 64: efficiency 0.90") and "0.89-1.81" in lines[3]
 
 
 def test_run_command_ends_torchrun_and_its_workers_on_a_time_out(tmp_path):

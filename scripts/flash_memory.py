@@ -27,6 +27,7 @@ import os
 import resource
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -87,9 +88,17 @@ def available_bytes() -> int:
 
 
 def run_fresh(version: str, L: int) -> dict:
-    """``measure_one`` in a new Python process, so that no earlier size's peak hides this one's."""
-    result = subprocess.run([sys.executable, __file__, "--one", version, str(L)], capture_output=True,
-                            text=True, check=True, env={**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())})
+    """``measure_one`` in a new Python process, so that no earlier size's peak hides this one's.
+
+    FlexAttention's run gets an empty inductor cache: otherwise a compile cached on disk by an
+    earlier run (of this script or a lesson) is read back in about 2 s, and the stored "first
+    compiled call" would not be the compile a learner's first run pays."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())}
+    with tempfile.TemporaryDirectory() as cache:
+        if version == "flex":
+            env["TORCHINDUCTOR_CACHE_DIR"] = cache
+        result = subprocess.run([sys.executable, __file__, "--one", version, str(L)], capture_output=True,
+                                text=True, check=True, env=env)
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 

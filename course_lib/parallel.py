@@ -13,6 +13,7 @@ Everything here runs inside a process group (``course_lib.launch.run_on_ranks`` 
 - ``CopyToParallel`` / ``ReduceFromParallel`` (Megatron-LM's f and g), ``ColumnParallelLinear``,
   ``RowParallelLinear`` and ``ParallelMLP``: lesson 04's ``FeedForward`` split over the ranks
   (Shoeybi et al. 2019), one all-reduce forward (g) and one backward (f).
+- ``ParallelSelfAttention``: lesson 02's ``MultiHeadAttention`` split the same way, by heads.
 - ``train_replica``: one rank's training run with any of these engines (or PyTorch's DDP / FSDP2),
   ``train_one_process``: the same run on one process, the reference.
 """
@@ -29,13 +30,14 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from .attention import MultiHeadAttention
 from .gpt import GPT, GPTConfig, lm_loss
 from .layers import FeedForward
 
 __all__ = [
     "accumulate_gradients", "average_gradients", "ZeRO1AdamW", "CopyToParallel", "ReduceFromParallel",
     "copy_to_parallel", "reduce_from_parallel", "ColumnParallelLinear", "RowParallelLinear",
-    "ParallelMLP", "tiny_gpt", "random_batches", "rank_share", "train_one_process", "train_replica",
+    "ParallelMLP", "ParallelSelfAttention", "tiny_gpt", "random_batches", "rank_share", "train_one_process", "train_replica",
     "adamw_state_bytes", "fsdp_expected_bytes", "ddp_bucket_timeline", "ENGINES", "precision_run",
     "saved_activation_bytes", "load_precision_runs",
 ]
@@ -190,10 +192,13 @@ def reduce_from_parallel(x: torch.Tensor) -> torch.Tensor:
 class ColumnParallelLinear(nn.Module):
     """This rank's share of ``dense`` split by its OUTPUT features (Megatron's columns of A in
     ``Y = X A``; the rows of ``nn.Linear``'s ``(out, in)`` weight): ``(..., in) -> (..., out / N)``.
-    The input enters through f, so that its gradient is summed over the ranks."""
+    The input enters through f, so that its gradient is summed over the ranks; ``copy_input=False``
+    when the caller has already passed it through f once for several such layers (attention's Q, K
+    and V read the same x: one f, one all-reduce in backward, not three)."""
 
-    def __init__(self, dense: nn.Linear, rank: int, world_size: int) -> None:
+    def __init__(self, dense: nn.Linear, rank: int, world_size: int, copy_input: bool = True) -> None:
         super().__init__()
+        self.copy_input = copy_input
         if dense.out_features % world_size != 0:
             raise ValueError(f"ColumnParallelLinear: {dense.out_features} output features do not "
                              f"split over {world_size} ranks")
@@ -202,7 +207,7 @@ class ColumnParallelLinear(nn.Module):
                      if dense.bias is not None else None)  # (out/N,)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(copy_to_parallel(x), self.weight, self.bias)
+        return F.linear(copy_to_parallel(x) if self.copy_input else x, self.weight, self.bias)
 
 
 class RowParallelLinear(nn.Module):
@@ -237,6 +242,56 @@ class ParallelMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.linear2(self.activation(self.linear1(x)))  # (B, T, d_ff/N) in between
+
+
+class ParallelSelfAttention(nn.Module):
+    """Lesson 02's ``MultiHeadAttention`` (self-attention; grouped-query and rotary too) split over
+    the ranks by heads: ``(B, T, d_model) -> (B, T, d_model)`` on every rank, equal to
+    ``dense(x, x, x, mask)``.
+
+    With H query heads and H_kv key/value heads, rank r holds query heads r*H/N .. (r+1)*H/N - 1
+    and the KV heads they read, r*H_kv/N .. (r+1)*H_kv/N - 1 (whole groups). ``q_proj``, ``k_proj``
+    and ``v_proj`` are column-parallel behind one f (each head's features are a contiguous block of
+    output features); each rank runs course_lib's ``MultiHeadAttention`` code on its H/N heads
+    (heads never mix before the output projection); ``out_proj`` is row-parallel, its partial sums
+    added by g. One all-reduce forward (g), one backward (f). H and H_kv must divide by N.
+    Dropout on the weights draws on each rank's own generator: use 0 (or ``eval()``) for equality.
+    """
+
+    def __init__(self, dense: MultiHeadAttention, rank: int, world_size: int) -> None:
+        super().__init__()
+        if not isinstance(dense, MultiHeadAttention):
+            raise TypeError(f"ParallelSelfAttention: dense must be a course_lib MultiHeadAttention, "
+                            f"got {type(dense).__name__}")
+        H, H_kv, N = dense.num_heads, dense.num_kv_heads, world_size
+        if H % N != 0 or H_kv % N != 0:
+            raise ValueError(f"ParallelSelfAttention: {H} query heads and {H_kv} key/value heads must "
+                             f"both divide by the world size {N} (each rank keeps whole heads and whole "
+                             f"KV groups); choose a world size that divides {math.gcd(H, H_kv)}")
+        self.d_model, self.num_heads = dense.d_model, H // N  # this rank's heads: (B, T, H/N * hd)
+        self.first_head = rank * self.num_heads
+        with torch.device("meta"):  # its four Linear layers are replaced below: no memory, no RNG
+            self.attention = MultiHeadAttention(
+                self.num_heads * dense.head_dim, self.num_heads, dense.dropout.p,
+                fused=dense.fused, num_kv_heads=H_kv // N, rotary=dense.rotary)
+        self.attention.q_proj = ColumnParallelLinear(dense.q_proj, rank, N, copy_input=False)
+        self.attention.k_proj = ColumnParallelLinear(dense.k_proj, rank, N, copy_input=False)
+        self.attention.v_proj = ColumnParallelLinear(dense.v_proj, rank, N, copy_input=False)
+        self.attention.out_proj = RowParallelLinear(dense.out_proj, rank, N)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
+                is_causal: bool = False) -> torch.Tensor:
+        """``x: (B, T, d_model)``; ``mask`` as ``MultiHeadAttention.forward``'s (True = may attend;
+        a 4-D mask with one slice per head gives this rank its heads' slices). Returns
+        ``(B, T, d_model)``, the same on every rank."""
+        if x.dim() != 3 or x.size(-1) != self.d_model:
+            raise ValueError(f"ParallelSelfAttention: x must be (B, T, d_model={self.d_model}), got "
+                             f"{tuple(x.shape)}")
+        if mask is not None and mask.dim() == 4 and mask.size(1) > 1:  # (B, H, T, T) -> (B, H/N, T, T)
+            mask = mask[:, self.first_head: self.first_head + self.num_heads]
+        x = copy_to_parallel(x)  # f, once for Q, K and V
+        k, v = self.attention.project_kv(x, x)  # (B, H_kv/N, T, hd) each
+        return self.attention.attend(x, k, v, mask, is_causal=is_causal)  # g inside out_proj
 
 
 # --- models, data and the training runs that compare the engines -------------------------------

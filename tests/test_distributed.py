@@ -20,10 +20,12 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from course_lib.attention import MultiHeadAttention
 from course_lib.launch import RankFailed, RanksTimedOut, run_on_ranks
 from course_lib.layers import FeedForward
+from course_lib.masks import causal_mask
 from course_lib.parallel import (
-    ParallelMLP, accumulate_gradients, ddp_bucket_timeline, fsdp_expected_bytes, random_batches,
+    ParallelMLP, ParallelSelfAttention, accumulate_gradients, ddp_bucket_timeline, fsdp_expected_bytes, random_batches,
     tiny_gpt, train_one_process, train_replica,
 )
 from course_lib.gpt import lm_loss
@@ -208,6 +210,86 @@ def test_megatron_mlp_equals_the_dense_feed_forward(world):
     for out, grad in run_on_ranks(_mlp_rank, world, (7,), timeout=120):
         assert (out - expected.detach()).abs().max() <= 1e-12
         assert (grad - x.grad).abs().max() <= 1e-12
+
+
+def _dense_attention(kv_heads, rotary, seed):
+    """A float64 MultiHeadAttention (d_model 24, 4 heads of 6), its input (2, 5, 24), a causal mask
+    (per head and thinned at random when ``seed`` is odd) and an output gradient, all from ``seed``."""
+    from course_lib.rope import RotaryEmbedding
+
+    torch.manual_seed(seed)
+    rope = RotaryEmbedding(6, 16) if rotary else None
+    dense = MultiHeadAttention(24, 4, num_kv_heads=kv_heads, rotary=rope).double()
+    x = torch.randn(2, 5, 24, dtype=torch.float64)
+    mask = causal_mask(5)  # (T, T)
+    if seed % 2:  # (B, H, T, T): each head its own mask; the diagonal stays visible
+        mask = mask & ((torch.rand(2, 4, 5, 5) < 0.7) | torch.eye(5, dtype=torch.bool))
+    return dense, x, mask, torch.randn(2, 5, 24, dtype=torch.float64)
+
+
+_COUNTED = ("all_reduce", "all_gather", "broadcast", "reduce_scatter", "all_to_all")
+
+
+def _attention_rank(rank, world_size, kv_heads, rotary, seed):
+    dense, x, mask, g = _dense_attention(kv_heads, rotary, seed)
+    x.requires_grad_(True)
+    counts, phase = {}, ["build"]
+
+    def counted(name, original):
+        def wrapper(*args, **kwargs):
+            counts[(phase[0], name)] = counts.get((phase[0], name), 0) + 1
+            return original(*args, **kwargs)
+        return wrapper
+
+    originals = {name: getattr(dist, name) for name in _COUNTED}
+    for name, original in originals.items():
+        setattr(dist, name, counted(name, original))
+    try:
+        module = ParallelSelfAttention(dense, rank, world_size)
+        phase[0] = "forward"
+        out = module(x, mask)
+        phase[0] = "backward"
+        out.backward(g)
+    finally:
+        for name, original in originals.items():
+            setattr(dist, name, original)
+    grads = {n.removeprefix("attention."): p.grad for n, p in module.named_parameters()}
+    return out.detach(), x.grad, grads, counts
+
+
+@pytest.mark.parametrize("world, kv_heads, rotary, seed", [
+    (2, None, False, 0), (2, None, True, 1), (4, None, False, 1), (2, 2, True, 0), (4, 4, False, 2),
+])
+def test_attention_split_by_heads_equals_the_dense_attention(world, kv_heads, rotary, seed):
+    """Forward, input gradient and every weight's gradient (the ranks' shares put back together)
+    equal the dense module's in float64; one all-reduce forward, one backward, nothing else."""
+    dense, x, mask, g = _dense_attention(kv_heads, rotary, seed)
+    x.requires_grad_(True)
+    expected = dense(x, x, x, mask)
+    expected.backward(g)
+    results = run_on_ranks(_attention_rank, world, (kv_heads, rotary, seed), timeout=120)
+    for out, x_grad, _, counts in results:
+        assert (out - expected.detach()).abs().max() <= 1e-12
+        assert (x_grad - x.grad).abs().max() <= 1e-12
+        assert counts == {("forward", "all_reduce"): 1, ("backward", "all_reduce"): 1}, counts
+    for name, p in dense.named_parameters():
+        shares = [r[2][name] for r in results]
+        if name == "out_proj.bias":  # added once, after g: every rank holds the whole of it
+            whole = shares[0]
+            assert all(torch.equal(s, whole) for s in shares)
+        else:  # Q, K, V split by output features (rows), out_proj by input features (columns)
+            whole = torch.cat(shares, dim=1 if name == "out_proj.weight" else 0)
+        assert whole.shape == p.shape and (whole - p.grad).abs().max() <= 1e-12, name
+
+
+def test_attention_heads_that_do_not_split_are_refused():
+    with pytest.raises(ValueError, match="6 query heads and 6 key/value heads must both divide by the "
+                                         "world size 4"):
+        ParallelSelfAttention(MultiHeadAttention(24, 6), 0, 4)
+    with pytest.raises(ValueError, match="4 query heads and 2 key/value heads .* world size 4"):
+        ParallelSelfAttention(MultiHeadAttention(24, 4, num_kv_heads=2), 0, 4)  # KV groups split
+    with pytest.raises(TypeError, match="MultiHeadAttention"):
+        ParallelSelfAttention(FeedForward(24, 48), 0, 2)
 
 
 # --- the torchrun command -----------------------------------------------------------------------

@@ -1372,3 +1372,30 @@ def test_generate_third_tryout_mistakes_are_named(mistake, words):
 
     with pytest.raises(CheckFailure, match=words):
         check_generate(my_generate)
+
+
+# ----------------------------------------------------------------------------------------------
+# the third blind tryout (issue 38, tryout3): one position's or one window's loss alone
+# ----------------------------------------------------------------------------------------------
+
+
+def _per_position_loss(model, window):
+    logits = model(window[:, :-1])  # (B, T, V)
+    return F.cross_entropy(logits.transpose(1, 2), window[:, 1:], reduction="none")  # (B, T)
+
+
+@pytest.mark.parametrize(
+    "fn, words",
+    [
+        (lambda model, window: _per_position_loss(model, window).mean(dim=0)[0],
+         "loss of the FIRST position alone"),
+        (lambda model, window: _per_position_loss(model, window).mean(dim=1)[0],
+         "FIRST window's positions alone"),
+    ],
+)
+def test_lm_loss_one_position_or_one_window_is_named(fn, words):
+    """Each message says what was observed (the loss and the one expected) and carries its name."""
+    with pytest.raises(CheckFailure, match=words) as info:
+        check_lm_loss(fn)
+    assert "your loss is" in str(info.value) and "expected" in str(info.value)
+    assert info.value.mistake and words in info.value.mistake

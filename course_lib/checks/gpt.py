@@ -820,6 +820,15 @@ def _loss_variants(model: GPT, window: torch.Tensor) -> list[tuple[str, Callable
         ("only the last position is scored: every position of the window predicts its next "
          "character, so score logits (B, T, V) against targets (B, T) at all T positions",
          lambda: F.cross_entropy(logits[:, -1], y[:, -1])),
+        ("that is the loss of the FIRST position alone, averaged over the windows (the "
+         "prediction of window[:, 1] from window[:, 0]): the other positions of each window are "
+         "left out, as when the per-position losses (B, T) are averaged over the batch axis and "
+         "then one row of the result is taken",
+         lambda: F.cross_entropy(logits[:, 0], y[:, 0])),
+        ("that is the mean loss over the FIRST window's positions alone: the other windows of "
+         "the batch are left out, as when the per-position losses (B, T) are averaged over the "
+         "positions and then one window's value is taken",
+         lambda: F.cross_entropy(logits[0], y[0]) if y.size(0) > 1 else torch.tensor(float("nan"))),
         ("softmax is applied before the cross-entropy: F.cross_entropy takes logits and applies "
          "log-softmax itself", lambda: F.cross_entropy(flat.softmax(-1), targets)),
         ("F.nll_loss is given the logits: it expects log-probabilities, so apply log_softmax first "
@@ -918,7 +927,8 @@ def _check_lm_loss(fn: Callable[..., Any]) -> None:
                 )
             for message, wrong in _loss_variants(model, window):
                 if _close64(got, wrong(), atol=1e-5):
-                    raise CheckFailure(f"Likely mistake ({case}): {message}.", mistake=message)
+                    raise CheckFailure(f"Likely mistake ({case}): your loss is {got.item():.5f}, "
+                                       f"expected {expected.item():.5f}: {message}.", mistake=message)
         raise CheckFailure(
             f"Your loss is {got.item():.5f}, expected {expected.item():.5f} ({case}). None of the "
             "usual mistakes explains it: inputs window[:, :-1], targets window[:, 1:], logits "

@@ -525,6 +525,7 @@ def _wordpiece(**knobs):
         (_wordpiece(max_chars=None), "over 100 characters must give"),
         (_wordpiece(shortest_piece=2), "a piece of one character is never tried"),
         (_wordpiece(strict_max=False), "a word of exactly 100 characters"),
+        (_wordpiece(first_short=True), "the first piece is never the whole word"),
         (lambda word, vocab: " ".join(checks10.reference_wordpiece(word, vocab)),
          "returns a string"),
         (lambda word, vocab: "[UNK]", "returns a string"),
@@ -1549,3 +1550,45 @@ def test_bpe_encode_stub(capsys):
 
     check_bpe_encode(bpe_encode)
     assert "not implemented yet" in capsys.readouterr().out
+
+
+def test_wordpiece_first_piece_one_short_is_named():
+    """tryout3's attempt: the longest first candidate is word[:-1], the later ones run to the end."""
+
+    def wordpiece(word, vocab):
+        if len(word) > 100:
+            return ["[UNK]"]
+        pieces, start = [], 0
+        while start < len(word):
+            end = len(word) - 1 if start == 0 else len(word)
+            while end > start and (word[start:end] if start == 0 else "##" + word[start:end]) not in vocab:
+                end -= 1
+            if end == start:
+                return ["[UNK]"]
+            pieces.append(word[start:end] if start == 0 else "##" + word[start:end])
+            start = end
+        return pieces
+
+    with pytest.raises(CheckFailure, match="'able'.*you return \\['ab', '##le'\\], expected "
+                       "\\['able'\\]: the first piece is never the whole word") as info:
+        check_wordpiece(wordpiece)
+    assert info.value.mistake and "first piece is never the whole word" in info.value.mistake
+
+
+def test_bpe_encode_pairs_of_the_start_only_are_named():
+    """tryout3's attempt: the merges among the chunk's first pairs, each once in rank order; a
+    pair that a merge creates is never merged."""
+    from course_lib.tokenization import merge, pre_tokenize
+
+    def bpe_encode(text, merges):
+        out = []
+        for chunk in pre_tokenize(text):
+            ids = list(chunk.encode("utf-8"))
+            for pair in sorted({p for p in zip(ids, ids[1:]) if p in merges}, key=merges.get):
+                ids = merge(ids, pair, merges[pair])
+            out.extend(ids)
+        return out
+
+    with pytest.raises(CheckFailure, match="you return .*, expected .*: merges stop early") as info:
+        check_bpe_encode(bpe_encode)
+    assert info.value.mistake and "merges stop early" in info.value.mistake

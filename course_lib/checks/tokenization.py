@@ -673,7 +673,7 @@ def _segment_backtracking(word: str, vocab: Any, start: int = 0) -> list[str] | 
 def reference_wordpiece(word: str, vocab: Any, shortest: bool = False, hashes: str = "continuation",
                         on_failure: str = "unk", max_chars: int | None = MAX_CHARS,
                         strict_max: bool = True, backtrack: bool = False,
-                        shortest_piece: int = 1) -> list[str]:
+                        shortest_piece: int = 1, first_short: bool = False) -> list[str]:
     """BERT's greedy longest-match-first WordPiece on one word; the defaults are right.
 
     The knobs give the plausible mistakes: ``shortest`` (shortest match first); ``hashes``:
@@ -682,7 +682,8 @@ def reference_wordpiece(word: str, vocab: Any, shortest: bool = False, hashes: s
     character, then go on), "empty" (no piece at all), "word" (the word itself), "pieces" (the
     pieces so far, the rest dropped); ``max_chars``: None (no limit); ``strict_max``: False for
     ">= 100" instead of "> 100"; ``backtrack``: go back to a shorter piece when the rest fails;
-    ``shortest_piece`` 2: a piece of one character is never tried.
+    ``shortest_piece`` 2: a piece of one character is never tried; ``first_short``: the longest
+    first piece tried is word[:-1] (an end one short at the start), so the whole word never is.
     """
     if max_chars is not None and (len(word) > max_chars if strict_max else len(word) >= max_chars):
         return [UNK]
@@ -692,8 +693,9 @@ def reference_wordpiece(word: str, vocab: Any, shortest: bool = False, hashes: s
     pieces: list[str] = []
     start = 0
     while start < len(word):
+        longest = len(word) - 1 if first_short and start == 0 else len(word)
         ends = (range(start + 1, len(word) + 1) if shortest
-                else range(len(word), start + shortest_piece - 1, -1))
+                else range(longest, start + shortest_piece - 1, -1))
         found = None
         for end in ends:
             piece = word[start:end]
@@ -743,6 +745,9 @@ _WORDPIECE_MISTAKES: list[tuple[dict[str, Any], str]] = [
     ({"shortest_piece": 2}, "a piece of one character is never tried: the loop stops before "
      "end = start + 1, so a word that needs a one-character piece (such as '##s') becomes "
      "['[UNK]']; the shortest piece tried is one character"),
+    ({"first_short": True}, "the first piece is never the whole word: the longest candidate tried "
+     "at the start of the word leaves out its last character, so a word that is itself in the "
+     "vocabulary is split into smaller pieces (or becomes ['[UNK]'] when it is one character)"),
 ]
 
 # A small vocabulary on which each mistake gives a different answer. Whole-word forms and "##"
@@ -925,7 +930,8 @@ def _encode_chunk_variant(ids: list[int], merges: dict, pick: str) -> list[int]:
     every occurrence), "absent first" (pairs that are not merges rank lowest, as with
     ``merges.get(p, 0)``, and the loop stops at one), "once" (the lowest, then stop), "rising"
     (each rank at most once, its first occurrence only), "pass" (one left-to-right pass, no
-    repeat)."""
+    repeat), "start pairs" (the merges among the chunk's first adjacent pairs, each once in rank
+    order: a pair that a merge creates is never merged)."""
     if pick == "pass":
         out, i = [], 0
         while i < len(ids):
@@ -936,6 +942,10 @@ def _encode_chunk_variant(ids: list[int], merges: dict, pick: str) -> list[int]:
                 out.append(ids[i])
                 i += 1
         return out
+    if pick == "start pairs":
+        for pair in sorted({p for p in zip(ids, ids[1:]) if p in merges}, key=merges.__getitem__):
+            ids = reference_merge(ids, pair, merges[pair])
+        return ids
     last = -1
     while len(ids) >= 2:
         if pick == "absent first" and any(p not in merges for p in zip(ids, ids[1:])):
@@ -1052,6 +1062,10 @@ _ENCODE_MISTAKES: list[tuple[dict[str, Any], str]] = [
      "merge creates new pairs, which may be merges too)"),
     ({"pick": "rising"}, "each merge is applied at most once, and only at its first occurrence: "
      "merge EVERY occurrence of the chosen pair (your merge function), then look again"),
+    ({"pick": "start pairs"}, "merges stop early: your ids are what merging only the pairs "
+     "present in the chunk's starting bytes gives, each once, in rank order; a pair that appears "
+     "only after a merge (the new token next to its neighbour) is never merged, though it may be "
+     "a merge too"),
     ({"pick": "longest"}, "greedy longest match: you take the longest token that starts the "
      "chunk, as WordPiece does; BPE replays the merges by rank, which can give other pieces"),
 ]

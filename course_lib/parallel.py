@@ -37,7 +37,8 @@ from .layers import FeedForward
 __all__ = [
     "accumulate_gradients", "average_gradients", "ZeRO1AdamW", "CopyToParallel", "ReduceFromParallel",
     "copy_to_parallel", "reduce_from_parallel", "ColumnParallelLinear", "RowParallelLinear",
-    "ParallelMLP", "ParallelSelfAttention", "tiny_gpt", "random_batches", "rank_share", "train_one_process", "train_replica",
+    "ParallelMLP", "ParallelSelfAttention", "tiny_gpt", "random_batches", "rank_share",
+    "train_one_process", "train_replica",
     "adamw_state_bytes", "fsdp_expected_bytes", "ddp_bucket_timeline", "ENGINES", "precision_run",
     "saved_activation_bytes", "load_precision_runs",
 ]
@@ -196,7 +197,8 @@ class ColumnParallelLinear(nn.Module):
     when the caller has already passed it through f once for several such layers (attention's Q, K
     and V read the same x: one f, one all-reduce in backward, not three)."""
 
-    def __init__(self, dense: nn.Linear, rank: int, world_size: int, copy_input: bool = True) -> None:
+    def __init__(self, dense: nn.Linear, rank: int, world_size: int,
+                 copy_input: bool = True) -> None:
         super().__init__()
         self.copy_input = copy_input
         if dense.out_features % world_size != 0:
@@ -261,13 +263,14 @@ class ParallelSelfAttention(nn.Module):
     def __init__(self, dense: MultiHeadAttention, rank: int, world_size: int) -> None:
         super().__init__()
         if not isinstance(dense, MultiHeadAttention):
-            raise TypeError(f"ParallelSelfAttention: dense must be a course_lib MultiHeadAttention, "
-                            f"got {type(dense).__name__}")
+            raise TypeError(f"ParallelSelfAttention: dense must be a course_lib "
+                            f"MultiHeadAttention, got {type(dense).__name__}")
         H, H_kv, N = dense.num_heads, dense.num_kv_heads, world_size
         if H % N != 0 or H_kv % N != 0:
-            raise ValueError(f"ParallelSelfAttention: {H} query heads and {H_kv} key/value heads must "
-                             f"both divide by the world size {N} (each rank keeps whole heads and whole "
-                             f"KV groups); choose a world size that divides {math.gcd(H, H_kv)}")
+            raise ValueError(f"ParallelSelfAttention: {H} query heads and {H_kv} key/value heads "
+                             f"must both divide by the world size {N} (each rank keeps whole heads "
+                             f"and whole KV groups); choose a world size that divides "
+                             f"{math.gcd(H, H_kv)}")
         self.d_model, self.num_heads = dense.d_model, H // N  # this rank's heads: (B, T, H/N * hd)
         self.first_head = rank * self.num_heads
         with torch.device("meta"):  # its four Linear layers are replaced below: no memory, no RNG
@@ -285,10 +288,10 @@ class ParallelSelfAttention(nn.Module):
         a 4-D mask with one slice per head gives this rank its heads' slices). Returns
         ``(B, T, d_model)``, the same on every rank."""
         if x.dim() != 3 or x.size(-1) != self.d_model:
-            raise ValueError(f"ParallelSelfAttention: x must be (B, T, d_model={self.d_model}), got "
-                             f"{tuple(x.shape)}")
-        if mask is not None and mask.dim() == 4 and mask.size(1) > 1:  # (B, H, T, T) -> (B, H/N, T, T)
-            mask = mask[:, self.first_head: self.first_head + self.num_heads]
+            raise ValueError(f"ParallelSelfAttention: x must be (B, T, d_model={self.d_model}), "
+                             f"got {tuple(x.shape)}")
+        if mask is not None and mask.dim() == 4 and mask.size(1) > 1:  # one slice per head
+            mask = mask[:, self.first_head: self.first_head + self.num_heads]  # (B, H/N, T, T)
         x = copy_to_parallel(x)  # f, once for Q, K and V
         k, v = self.attention.project_kv(x, x)  # (B, H_kv/N, T, hd) each
         return self.attention.attend(x, k, v, mask, is_causal=is_causal)  # g inside out_proj

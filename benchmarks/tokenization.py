@@ -40,7 +40,7 @@ import time
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # one thread for Hugging Face, as ours
 
-from course_lib.tasks import ShakespeareCorpus  # noqa: E402
+from course_lib.data.shakespeare import ShakespeareCorpus  # noqa: E402
 from course_lib.tokenization import (  # noqa: E402
     GPT2_SPLIT_PATTERN,
     GPT2Tokenizer,

@@ -15,12 +15,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .embeddings import _check_size
 from .masks import causal_mask, check_mask
 from .rope import RotaryEmbedding
 from .tracing import trace
+from .validation import check_size
 
-__all__ = ["scaled_dot_product_attention", "MultiHeadAttention", "set_fused_attention"]
+__all__ = ["scaled_dot_product_attention", "split_heads", "merge_heads", "MultiHeadAttention",
+           "set_fused_attention"]
 
 
 def scaled_dot_product_attention(
@@ -74,6 +75,23 @@ def scaled_dot_product_attention(
     return mixing @ value, weights  # (..., L_q, d_v), (..., L_q, L_k)
 
 
+def split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """``(B, L, d) -> (B, num_heads, L, d // num_heads)``: each position's features cut into heads of
+    consecutive features, the head axis before the positions (lesson 02's exercise, as a plain
+    function). ``MultiHeadAttention.split_heads`` does the same with the layer's own ``head_dim``, so
+    that a wrong head count fails there instead of giving other heads."""
+    B, L, d = x.shape
+    return x.view(B, L, num_heads, d // num_heads).transpose(1, 2)  # (B, L, h, hd) -> (B, h, L, hd)
+
+
+def merge_heads(x: torch.Tensor) -> torch.Tensor:
+    """``(B, num_heads, L, head_dim) -> (B, L, num_heads * head_dim)``: the heads concatenated again,
+    each position's head 0 features, then head 1's, ... (the inverse of ``split_heads``; the layer's
+    ``MultiHeadAttention.merge_heads`` checks the width against its ``d_model``)."""
+    B, h, L, hd = x.shape
+    return x.transpose(1, 2).reshape(B, L, h * hd)  # (B, h, L, hd) -> (B, L, h, hd) -> (B, L, d)
+
+
 class MultiHeadAttention(nn.Module):
     """Multi-head attention with separate Q, K, V projections and an output projection.
 
@@ -114,10 +132,10 @@ class MultiHeadAttention(nn.Module):
         if isinstance(d_model, (int, float)) and isinstance(num_heads, (int, float)) and (
                 d_model <= 0 or num_heads <= 0):
             raise ValueError(f"MultiHeadAttention: d_model and num_heads must be positive, got {d_model}, {num_heads}")
-        d_model = _check_size(d_model, "d_model", "MultiHeadAttention")  # 48.0 -> 48; 42.5 refused
-        num_heads = _check_size(num_heads, "num_heads", "MultiHeadAttention")
+        d_model = check_size(d_model, "d_model", "MultiHeadAttention")  # 48.0 -> 48; 42.5 refused
+        num_heads = check_size(num_heads, "num_heads", "MultiHeadAttention")
         if num_kv_heads is not None:
-            num_kv_heads = _check_size(num_kv_heads, "num_kv_heads", "MultiHeadAttention")
+            num_kv_heads = check_size(num_kv_heads, "num_kv_heads", "MultiHeadAttention")
         if d_model % num_heads != 0:
             raise ValueError(
                 f"MultiHeadAttention: d_model={d_model} is not divisible by num_heads={num_heads}; "

@@ -24,15 +24,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .attention import MultiHeadAttention
 from .decoding import filter_logits, next_token
-from .embeddings import TransformerEmbedding, _check_ids, _check_size, _check_tensor
+from .embeddings import TransformerEmbedding
 from .layers import Encoder
 from .masks import causal_mask
 from .model import KVCache
 from .modern import RMSNorm, swiglu_d_ff
 from .rope import RotaryEmbedding
+from .validation import check_ids, check_size, check_tensor
 
-__all__ = ["GPTConfig", "GPT", "lm_loss", "hf_gpt2_config", "load_into_hf_gpt2", "from_hf_gpt2"]
+__all__ = ["GPTConfig", "GPT", "lm_loss", "hf_gpt2_config", "load_into_hf_gpt2", "from_hf_gpt2",
+           "port_attention_reference"]
 
 
 @dataclass
@@ -77,7 +80,7 @@ class GPTConfig:
     def __post_init__(self) -> None:
         for name in ("vocab_size", "max_len", "d_model", "num_heads", "num_layers", "d_ff", "num_kv_heads"):
             if getattr(self, name) is not None or name not in ("d_ff", "num_kv_heads"):  # 64.0 -> 64
-                setattr(self, name, _check_size(getattr(self, name), name, "GPTConfig"))
+                setattr(self, name, check_size(getattr(self, name), name, "GPTConfig"))
         for name in ("bias", "tie_embeddings", "fused_attention", "attn_only"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"GPTConfig: {name} must be True or False, got {getattr(self, name)!r}")
@@ -144,8 +147,8 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
     ``logits (B, T, V)``, ``targets (B, T)`` (the input moved on by one) -> scalar (nats per token).
     """
-    _check_tensor(logits, "lm_loss", "logits")
-    _check_tensor(targets, "lm_loss", "targets")
+    check_tensor(logits, "lm_loss", "logits")
+    check_tensor(targets, "lm_loss", "targets")
     if logits.dim() != 3 or targets.shape != logits.shape[:2]:
         raise ValueError(
             f"lm_loss: logits must be (B, T, V) and targets (B, T), got {tuple(logits.shape)} and "
@@ -240,7 +243,7 @@ class GPT(nn.Module):
 
     def _check(self, ids: torch.Tensor, where: str) -> torch.Tensor:
         """Checked ids as int64 (every integer dtype is accepted)."""
-        ids = _check_ids(ids, self.config.vocab_size, where)
+        ids = check_ids(ids, self.config.vocab_size, where)
         if ids.size(1) > self.config.max_len:
             raise ValueError(
                 f"{where}: the input has {ids.size(1)} positions but the model has "
@@ -269,7 +272,7 @@ class GPT(nn.Module):
         the next-token logits ``(B, V)``: row t of ``forward`` on all t+1 tokens, from one position's
         work. Updates ``cache`` in place."""
         t = cache.length
-        _check_tensor(tokens, "GPT.step", "tokens")
+        check_tensor(tokens, "GPT.step", "tokens")
         if tokens.dim() != 1 or tokens.size(0) != cache.tgt_keep.size(0):
             raise ValueError(
                 f"GPT.step: tokens must be (B,) with B={cache.tgt_keep.size(0)}, got {tuple(tokens.shape)}"
@@ -489,3 +492,18 @@ def from_hf_gpt2(hf_model) -> GPT:
             proj.weight.copy_(w[j * d : (j + 1) * d])
             proj.bias.copy_(b[j * d : (j + 1) * d])
     return model.eval()
+
+
+@torch.no_grad()
+def port_attention_reference(ours: MultiHeadAttention, theirs) -> None:
+    """course_lib's port of one attention layer into a Hugging Face ``GPT2Attention`` (what
+    ``load_into_hf_gpt2`` does for every layer); lesson 09 uses it until the learner's passes
+    ``check_attention_port``. ``Conv1D`` stores its weight as ``(in, out)``: every matrix is
+    transposed, and q, k, v become one ``c_attn`` of width ``3 * d_model``."""
+    d = ours.d_model
+    W = torch.cat([ours.q_proj.weight, ours.k_proj.weight, ours.v_proj.weight], dim=0)  # (3d, d)
+    theirs.c_attn.weight.copy_(W.t())  # Conv1D: (in, out) = (d, 3d)
+    theirs.c_attn.bias.copy_(torch.cat([ours.q_proj.bias, ours.k_proj.bias, ours.v_proj.bias]))
+    theirs.c_proj.weight.copy_(ours.out_proj.weight.t())  # (d, d)
+    theirs.c_proj.bias.copy_(ours.out_proj.bias)
+    assert theirs.c_attn.weight.shape == (d, 3 * d)

@@ -22,14 +22,14 @@ import torch
 from torch import nn
 
 from .attention import set_fused_attention
+from .data.shakespeare import ShakespeareCorpus
+from .data.translation import CharVocab
 from .gpt import GPT, GPTConfig, lm_loss
-from .data import CharVocab
-from .embeddings import _check_size
-from .tasks import ShakespeareCorpus
 from .training import train
+from .validation import check_size
 
 __all__ = ["warmup_cosine", "lm_optimizer", "evaluate_lm", "LMRecipe", "NANOGPT_CPU", "COURSE",
-           "LMRun", "train_lm", "bits_per_char", "sample_text"]
+           "LMRun", "train_lm", "bits_per_char", "sample_text", "lm_train_reference"]
 
 
 def warmup_cosine(step: int, warmup: int, num_steps: int, min_ratio: float) -> float:
@@ -99,8 +99,8 @@ class LMRecipe:
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "num_heads", "d_model", "block_size", "batch_size", "num_steps"):
-            object.__setattr__(self, name, _check_size(getattr(self, name), name, "LMRecipe"))
-        object.__setattr__(self, "warmup", _check_size(self.warmup, "warmup", "LMRecipe", minimum=0))
+            object.__setattr__(self, name, check_size(getattr(self, name), name, "LMRecipe"))
+        object.__setattr__(self, "warmup", check_size(self.warmup, "warmup", "LMRecipe", minimum=0))
         if self.warmup >= self.num_steps:
             raise ValueError(f"LMRecipe: warmup={self.warmup} must be below num_steps={self.num_steps}")
         if not (_is_number(self.lr) and self.lr > 0):
@@ -228,3 +228,30 @@ def sample_text(model: GPT, corpus: ShakespeareCorpus, prompt: str, length: int,
     out = model.generate(ids, length, temperature=temperature, top_k=top_k, generator=gen)
     return corpus.vocab.decode(out[0, ids.size(1):].tolist())
 
+
+def lm_train_reference(model: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]],
+                       recipe: LMRecipe) -> list[float]:
+    """course_lib's training loop for lesson 09's ★★★, what the lesson uses until the learner's
+    passes ``check_lm_train``: ``torch.optim.AdamW`` (decay on the matrices only, eps 1e-8), the
+    rate of step s set to ``recipe.lr * warmup_cosine(s, ...)`` before the update, gradients
+    clipped to a total norm of ``recipe.max_grad_norm``. One step per ``(x (B, T), y (B, T))``;
+    returns the losses."""
+    params = [p for p in model.parameters() if p.requires_grad]  # the tied matrix once
+    optimizer = torch.optim.AdamW(
+        [{"params": [p for p in params if p.dim() >= 2], "weight_decay": recipe.weight_decay},
+         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
+        lr=recipe.lr, betas=recipe.betas, eps=1e-8, foreach=False)  # eps: torch's default
+    losses = []
+    model.train()
+    for step, (x, y) in enumerate(batches):
+        for group in optimizer.param_groups:
+            group["lr"] = recipe.lr * warmup_cosine(step, recipe.warmup, recipe.num_steps,
+                                                    recipe.min_lr / recipe.lr)
+        loss = lm_loss(model(x), y)  # (B, T, V) against (B, T)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if recipe.max_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(params, recipe.max_grad_norm)
+        optimizer.step()
+        losses.append(loss.item())
+    return losses

@@ -13,10 +13,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .embeddings import TransformerEmbedding, _check_size, _check_tensor
+from .embeddings import TransformerEmbedding
 from .layers import Decoder, Encoder, LayerKVCache
 from .masks import decoder_self_attention_mask, padding_mask
 from .tracing import trace
+from .validation import check_size, check_tensor
 
 __all__ = [
     "TransformerConfig",
@@ -63,7 +64,7 @@ class TransformerConfig:
 
     def __post_init__(self) -> None:
         for name, minimum in SIZE_FIELDS.items():  # 64.0 -> 64; 42.5, "64", True -> an error
-            setattr(self, name, _check_size(getattr(self, name), name, "TransformerConfig", minimum))
+            setattr(self, name, check_size(getattr(self, name), name, "TransformerConfig", minimum))
         if not (isinstance(self.layer_norm_eps, (int, float)) and math.isfinite(self.layer_norm_eps)
                 and self.layer_norm_eps > 0):
             raise ValueError(f"TransformerConfig: layer_norm_eps must be a finite number > 0, got "
@@ -130,8 +131,8 @@ def count_parameters(model: nn.Module) -> int:
 
 
 def _check_ids_pair(src: torch.Tensor, tgt: torch.Tensor) -> None:
-    _check_tensor(src, "Transformer", "src")
-    _check_tensor(tgt, "Transformer", "tgt")
+    check_tensor(src, "Transformer", "src")
+    check_tensor(tgt, "Transformer", "tgt")
     if src.dim() != 2 or tgt.dim() != 2:
         raise ValueError(f"Transformer: src and tgt must be (B, L) ids, got {tuple(src.shape)} and {tuple(tgt.shape)}")
     if src.size(0) != tgt.size(0):
@@ -194,7 +195,7 @@ class Transformer(nn.Module):
 
     def encode(self, src: torch.Tensor, src_mask: torch.Tensor | None = None) -> torch.Tensor:
         """``src (B, L_s) -> memory (B, L_s, d_model)``; ``src_mask`` defaults to the padding mask."""
-        _check_tensor(src, "Transformer.encode", "src")
+        check_tensor(src, "Transformer.encode", "src")
         if src_mask is None:
             src_mask = padding_mask(src, self.config.pad_id)
         memory = self.encoder(self.src_embed(src), src_mask)
@@ -215,7 +216,7 @@ class Transformer(nn.Module):
         a bug that changes outputs only when a batch is padded. Pass ``None`` explicitly only when
         no source is padded. ``tgt_mask`` defaults to padding AND causal.
         """
-        _check_tensor(tgt, "Transformer.decode", "tgt")
+        check_tensor(tgt, "Transformer.decode", "tgt")
         if tgt.size(0) != memory.size(0):
             raise ValueError(
                 f"Transformer.decode: tgt and memory must have the same batch size, got {tgt.size(0)} and {memory.size(0)}"
@@ -243,7 +244,7 @@ class Transformer(nn.Module):
             logits ``(B, tgt_vocab_size)``, equal (to float precision) to the last position of
             ``generator(decode(all t+1 tokens, memory, src_mask))``; the work is one position.
         """
-        _check_tensor(tokens, "Transformer.decode_step", "tokens")
+        check_tensor(tokens, "Transformer.decode_step", "tokens")
         if tokens.dim() != 1 or tokens.size(0) != cache.tgt_keep.size(0):
             raise ValueError(
                 f"Transformer.decode_step: tokens must be (B,) with B={cache.tgt_keep.size(0)}, "
@@ -300,7 +301,7 @@ class TransformerEncoderModel(nn.Module):
         attention_mask: torch.Tensor | None = None,
         token_type_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        _check_tensor(ids, "TransformerEncoderModel", "ids")
+        check_tensor(ids, "TransformerEncoderModel", "ids")
         if attention_mask is None:
             mask = padding_mask(ids, self.config.pad_id)
         else:

@@ -39,8 +39,8 @@ __all__ = [
     "copy_to_parallel", "reduce_from_parallel", "ColumnParallelLinear", "RowParallelLinear",
     "ParallelMLP", "ParallelSelfAttention", "tiny_gpt", "random_batches", "rank_share",
     "train_one_process", "train_replica",
-    "adamw_state_bytes", "fsdp_expected_bytes", "ddp_bucket_timeline", "ENGINES", "precision_run",
-    "saved_activation_bytes", "load_precision_runs",
+    "adamw_state_bytes", "measure_zero1_bytes", "fsdp_expected_bytes", "ddp_bucket_timeline", "ENGINES",
+    "precision_run", "saved_activation_bytes", "load_precision_runs",
 ]
 
 
@@ -147,6 +147,20 @@ def adamw_state_bytes(optimizer: torch.optim.Optimizer) -> int:
             t = t.to_local() if hasattr(t, "to_local") else t
             total += t.numel() * t.element_size()
     return total
+
+
+def measure_zero1_bytes(rank: int, world_size: int) -> int:  # noqa: ARG001 (run_on_ranks's signature)
+    """``ZeRO1AdamW``'s state on this rank after one step of lesson 09's GPT (one layer): what
+    lesson 14's reveal cell measures on 2 ranks, ``run_on_ranks(measure_zero1_bytes, 2)``, after
+    ``check_zero1_bytes``."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=83, max_len=64, d_model=128, num_heads=4, num_layers=1))
+    optimizer = ZeRO1AdamW(model.parameters(), lr=1e-3)
+    x = torch.randint(0, 83, (2, 64))
+    lm_loss(model(x), x).backward()
+    average_gradients(model)
+    optimizer.step()
+    return optimizer.state_bytes()
 
 
 # --- 4. tensor parallel: Megatron's MLP ---------------------------------------------------------

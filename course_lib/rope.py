@@ -24,7 +24,7 @@ import math
 import torch
 from torch import nn
 
-from .embeddings import _check_size
+from .validation import check_size
 
 __all__ = ["LAYOUTS", "rotary_frequencies", "rotate_half", "rotate_pairs", "apply_rotary", "RotaryEmbedding"]
 
@@ -84,8 +84,8 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         if layout not in LAYOUTS:
             raise ValueError(f"RotaryEmbedding: layout must be one of {LAYOUTS}, got {layout!r}")
-        head_dim = _check_size(head_dim, "head_dim", "RotaryEmbedding")  # 8.0 -> 8
-        max_len = _check_size(max_len, "max_len", "RotaryEmbedding")
+        head_dim = check_size(head_dim, "head_dim", "RotaryEmbedding")  # 8.0 -> 8
+        max_len = check_size(max_len, "max_len", "RotaryEmbedding")
         inv_freq = rotary_frequencies(head_dim, base)  # (hd/2,)
         angles = torch.arange(max_len, dtype=torch.float32)[:, None] * inv_freq  # (max_len, hd/2)
         if layout == "halves":

@@ -9,7 +9,7 @@
   Hugging Face's fast ``BertTokenizer``: normalise, split on whitespace and punctuation, then
   greedy longest-match-first with ``##`` continuation pieces.
 
-The files come from ``course_lib.tokenizer_files`` (``python -m course_lib.tokenization fetch``).
+The files come from ``course_lib.data.gpt2_bpe`` (``python -m course_lib.data fetch``).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import regex
 
-from .tokenizer_files import FETCH_COMMAND, fetch_gpt2_files, gpt2_files
+from .data.gpt2_bpe import FETCH_COMMAND, fetch_gpt2_files, gpt2_files
 
 __all__ = [
     "GPT2_SPLIT_PATTERN", "bytes_to_unicode", "pre_tokenize", "word_counts", "pair_counts", "merge",

@@ -92,7 +92,7 @@ def _mean_over_ranks(values: torch.Tensor, world_size: int, ddp: bool) -> torch.
 
 def _train(args: argparse.Namespace, rank: int, world_size: int, local_world: int,
            device: torch.device, ddp: bool) -> dict:
-    from .tasks import ShakespeareCorpus
+    from .data.shakespeare import ShakespeareCorpus
 
     master = rank == 0
     if args.batch_size % world_size != 0:

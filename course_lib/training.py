@@ -14,7 +14,7 @@ from torch import nn
 from tqdm import tqdm
 
 from .attention import set_fused_attention
-from .data import CopyTask
+from .data.copy_task import CopyTask
 from .decoding import greedy_decode
 from .model import Transformer, TransformerConfig
 
@@ -266,7 +266,7 @@ def train_copy_task(
 
     The recipe: ``copy_task_config()`` (1+1 pre-LN layers, d_model 64, 4 heads, d_ff 128, no
     dropout); Adam(betas (0.7, 0.99), eps 1e-9): a shorter memory than the paper's beta1 = 0.9, which
-    reached 100% no sooner on any of the five seeds lesson 06 stores (course_lib.adam_betas), and
+    reached 100% no sooner on any of the five seeds lesson 06 stores (course_lib.studies.adam_betas), and
     70-75 steps later on average on two float paths: a measurement on this toy task, not a rule;
     why is an untested hypothesis); the
     Noam schedule with warm-up 80 and factor 0.5 (peak ~7.0e-3 at step 80) times a linear cool-down to 0 over the last
@@ -300,7 +300,7 @@ def train_copy_task(
 
 # --- lesson 08: the date-translation recipe ---
 # Lesson 08 trains the whole Transformer on a translation-shaped task: dates written in many ways
-# (course_lib.data.DatesCorpus) to ISO 8601. Its helpers: the model, translating texts, exact match,
+# (course_lib.data.dates.DatesCorpus) to ISO 8601. Its helpers: the model, translating texts, exact match,
 # and the training recipe that the lesson and benchmarks/dates.py use.
 
 import sys as _sys  # noqa: E402
@@ -308,7 +308,8 @@ import time as _time  # noqa: E402
 from dataclasses import dataclass as _dataclass  # noqa: E402
 from dataclasses import field as _field  # noqa: E402
 
-from .data import DatesCorpus, pad_sequences  # noqa: E402
+from .data.copy_task import pad_sequences  # noqa: E402
+from .data.dates import DatesCorpus  # noqa: E402
 from .masks import padding_mask as _padding_mask  # noqa: E402
 
 __all__ += ["dates_config", "translate", "dates_exact_match", "dates_lr", "DatesRun", "train_dates"]

@@ -5,9 +5,9 @@
     python scripts/ablation.py --part length --positionals sinusoidal   (rerun one kind; the others
                                                                        are kept from the file)
 
-Writes ``course_lib/results/ablation.json`` and ``ablation.md`` (``course_lib.ablation``: lesson
+Writes ``course_lib/results/ablation.json`` and ``ablation.md`` (``course_lib.studies.ablation``: lesson
 09's Shakespeare setup, GPT-2's block changed one part per row at equal parameter count) and
-``course_lib/results/length_generalisation.json`` (``course_lib.extrapolation``: copy lengths
+``course_lib/results/length_generalisation.json`` (``course_lib.studies.extrapolation``: copy lengths
 1..20 trained, 1..40 tested, for each kind of positions; the sinusoidal table scaled to the init
 RMS of the learned one, 0.02). The ablation's rows are cumulative: each adds one change to the row
 above. The lesson loads and explains them.
@@ -22,11 +22,10 @@ import time
 
 import torch
 
-from course_lib.ablation import ROWS, ablation_table, run_ablation, save_ablation
-from course_lib.extrapolation import (TRAIN_MAX_LEN, length_generalisation,
-                                      load_length_generalisation, save_length_generalisation)
+from course_lib.studies.ablation import ROWS, ablation_table, run_ablation, save_ablation
+from course_lib.studies.extrapolation import (TRAIN_MAX_LEN, length_generalisation, load_length_generalisation, save_length_generalisation)
 from course_lib.gpt import POSITIONAL
-from course_lib.tasks import ShakespeareCorpus
+from course_lib.data.shakespeare import ShakespeareCorpus
 
 
 def main() -> None:

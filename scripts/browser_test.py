@@ -25,7 +25,7 @@ draws no SVG with token labels, and (JupyterLab) math left as raw TeX. Screensho
 (its top and every bertviz view) go to build/screenshots/ (git-ignored).
 
 Predict exercises (JupyterLab pass): for every reveal cell (metadata "reveals", see
-tests/test_exercises.py) the lesson is scrolled to the question, as a learner reaches it, and
+tests/notebooks/test_exercises.py) the lesson is scrolled to the question, as a learner reaches it, and
 screenshotted to build/screenshots/predict/<lesson>-<key>.png. Fails if the reveal cell shows an output
 before it is run, or if its explanation is not in a closed <details> block.
 """

@@ -36,7 +36,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from course_lib.flash import flash_attention, naive_attention  # noqa: E402
-from course_lib.stored import save_runs  # noqa: E402
+from course_lib.studies.stored import save_runs  # noqa: E402
 
 LENGTHS = [1024, 2048, 4096, 8192, 16384, 32768]
 NAIVE_MAX = 16384  # 32k: the naive pass would hold about 16 GiB
@@ -203,7 +203,7 @@ def main() -> None:
 def keep_earlier(runs: list[dict]) -> list[dict]:
     """``runs``, plus this float path's stored runs not measured this time (a (version, L) of the
     memory runs, or a kind: the profile, FlexAttention)."""
-    from course_lib.stored import RESULTS_DIR
+    from course_lib.studies.stored import RESULTS_DIR
 
     path = RESULTS_DIR / "flash_memory.json"
     stored = []

@@ -19,7 +19,7 @@ from the native path), ``avx2`` and, where the CPU has it, ``avx512``.
 * the tests that train and strict nbval over the lessons that do not pin their thread count
   (``torch.set_num_threads``) with 2 threads, one process;
 * every lesson with the solutions in place of the stubs, outputs compared
-  (``tests/notebooks_with_solutions.py``), 1 thread, two side by side.
+  (``tests/notebooks/notebooks_with_solutions.py``), 1 thread, two side by side.
 
 ``--paths second`` is the path just below this CPU's own: ``avx2`` on a CPU with AVX-512, ``default``
 on one with AVX2. CI runs the paired plan on it: it differs from the native path like any other, and
@@ -33,12 +33,12 @@ with 1 thread per process; the paired plan runs what it leaves out, on each give
 
 * every lesson with its solutions, 1 thread, two side by side. The run compares every output that is
   not a checker's with the stored one, as strict nbval does, so it is also each lesson's strict
-  check on the second path (tests/notebooks_with_solutions.py). The GPT recipe's test
-  (tests/test_gpt_recipe.py) runs in the same pool, first: the course's run against the anchor's
+  check on the second path (tests/notebooks/notebooks_with_solutions.py). The GPT recipe's test
+  (tests/lib/test_gpt_recipe.py) runs in the same pool, first: the course's run against the anchor's
   recorded loss, not the anchor's own 2,000 steps (``-m "not anchor"``: the full plan runs them). With
   both runs it took 319 s with 2 threads and 527 s with one on `default`: 638 core-seconds against
   527, so one thread beside the lessons, with no core waiting, finishes sooner. Lesson 11's stored
-  RoPE run, trained again (tests/test_rope_lengths.py: 1 thread, as it was stored), runs there too;
+  RoPE run, trained again (tests/studies/test_rope_lengths.py: 1 thread, as it was stored), runs there too;
 * the other tests that train, with 2 threads (one process): the thread count is paired with them.
 
 So both paths, both thread counts and every check run, not every combination: no lesson runs with
@@ -63,26 +63,26 @@ NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 # Test modules whose results depend on training. A new one marks itself with
 # `pytestmark = pytest.mark.float_path` (found by training_tests()); these four predate the mark.
 TRAINING_TESTS = [
-    "tests/test_training.py", "tests/test_data_dates.py", "tests/test_fused_attention.py",
-    "tests/test_gpt_recipe.py",
+    "tests/lib/test_training.py", "tests/data/test_dates.py", "tests/lib/test_fused_attention.py",
+    "tests/lib/test_gpt_recipe.py",
 ]
-NBVAL = ["--nbval-current-env", "--nbval-sanitize-with", "tests/nbval_sanitize.cfg",
+NBVAL = ["--nbval-current-env", "--nbval-sanitize-with", "tests/notebooks/nbval_sanitize.cfg",
          "--nbval-cell-timeout=600", "-p", "no:cacheprovider"]
 SIDE_BY_SIDE = ["-n", "2", "--dist", "loadscope"]  # as `make test`: 2 workers, 1 thread each
 # the path comes from ATEN_CPU_CAPABILITY, which runs() sets for the whole run
-SOLUTIONS = ["tests/notebooks_with_solutions.py", "--solutions-float-path", "native", *NBVAL]
+SOLUTIONS = ["tests/notebooks/notebooks_with_solutions.py", "--solutions-float-path", "native", *NBVAL]
 ORDER = ["default", "avx2", "avx512"]  # PyTorch's names, lowest first
 # The paired plan runs these in the solutions run's pool, collected first so that they start first:
 # the GPT recipe, and lesson 11's stored RoPE run repeated (one thread, as it was stored).
-GPT_RECIPE = "tests/test_gpt_recipe.py"
-ROPE_LENGTHS = "tests/test_rope_lengths.py"
+GPT_RECIPE = "tests/lib/test_gpt_recipe.py"
+ROPE_LENGTHS = "tests/studies/test_rope_lengths.py"
 POOLED = [GPT_RECIPE, ROPE_LENGTHS]
 NO_TESTS = 5  # pytest's exit code when nothing was collected
 
 
 def training_tests() -> list[str]:
-    """TRAINING_TESTS and every tests/test_*.py that marks itself ``pytest.mark.float_path``."""
-    marked = [str(p.relative_to(ROOT)) for p in sorted((ROOT / "tests").glob("test_*.py"))
+    """TRAINING_TESTS and every tests/**/test_*.py that marks itself ``pytest.mark.float_path``."""
+    marked = [str(p.relative_to(ROOT)) for p in sorted((ROOT / "tests").rglob("test_*.py"))
               if "mark.float_path" in p.read_text()]
     return sorted(set(TRAINING_TESTS) | set(marked))
 

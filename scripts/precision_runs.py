@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from course_lib.parallel import precision_run
-from course_lib.tasks import ShakespeareCorpus
+from course_lib.data.shakespeare import ShakespeareCorpus
 
 OUT = Path(__file__).resolve().parent.parent / "course_lib" / "results" / "precision_runs.json"
 

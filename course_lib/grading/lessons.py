@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 NOTEBOOK_DIR = Path(__file__).resolve().parents[2] / "notebooks"
-_DEFINES = re.compile(r"^(?:def|class)\s+(\w+)", re.M)
+DEFINES = re.compile(r"^(?:def|class)\s+(\w+)", re.M)
 
 
 @dataclass
@@ -63,7 +63,7 @@ def _checker_call(source: str, name: str) -> tuple[str, list[str]] | None:
 
 
 def _stub_name(source: str) -> str | None:
-    found = _DEFINES.findall(source)
+    found = DEFINES.findall(source)
     return found[0] if found else None
 
 
@@ -109,7 +109,7 @@ def match_lesson(nb: Any, lessons: dict[str, Lesson]) -> str | None:
     if not votes and claimed in lessons:
         return claimed
     if not votes:  # exercise metadata stripped: count the stub names the cells define
-        defined = {n for c in nb.cells if c.cell_type == "code" for n in _DEFINES.findall(c.source)}
+        defined = {n for c in nb.cells if c.cell_type == "code" for n in DEFINES.findall(c.source)}
         for lid, lesson in lessons.items():
             hits = sum(e.name in defined for e in lesson.exercises)
             if hits >= max(1, len(lesson.exercises) // 2):

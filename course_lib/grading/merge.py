@@ -1,7 +1,7 @@
 """Merge the shards of a class: ``python -m course_lib.grading.merge --out DIR SHARD_DIR...``.
 
-    python -m course_lib.grade --out build/shard1 --shard 1/3 submissions/     (on machine 1)
-    python -m course_lib.grade --out build/shard2 --shard 2/3 submissions/     (on machine 2) ...
+    python -m course_lib.grading --out build/shard1 --shard 1/3 submissions/     (on machine 1)
+    python -m course_lib.grading --out build/shard2 --shard 2/3 submissions/     (on machine 2) ...
     python -m course_lib.grading.merge --out build/grades build/shard1 build/shard2 build/shard3
 
 Reads each shard's rows.json and writes grades.csv, grades_NN.csv, report.html, feedback/ and the
@@ -19,8 +19,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..grade import write_outputs
 from . import platforms
+from .cli import write_outputs
 from .lessons import read_lessons
 from .shards import read_rows
 

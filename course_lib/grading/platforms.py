@@ -1,4 +1,4 @@
-"""The learning platforms' files and their options, shared by ``course_lib.grade`` and ``merge``.
+"""The learning platforms' files and their options, shared by ``course_lib.grading`` and ``merge``.
 
 Options: ``--points`` (course_lib.grading.points), ``--roster`` and ``--roster-key``
 (roster), ``--canvas-assignment NN=ID`` (canvas), ``--moodle-id email|username|idnumber``
@@ -38,7 +38,7 @@ class Platform:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The platform options, as ``course_lib.grade`` and ``merge`` take them."""
+    """The platform options, as ``course_lib.grading`` and ``merge`` take them."""
     parser.add_argument("--points", default=None, metavar="KEY=N,...|FILE",
                         help="points per exercise, e.g. 09.lm_train=3,09.generate=2, or a .json/.toml/.csv "
                              "file (default: 1 each)")

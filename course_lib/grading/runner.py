@@ -71,7 +71,7 @@ def _worse(current: str, new: str) -> str:
     return min(current, new, key=STATUS_ORDER.index)
 
 
-def _needed_under_tmp() -> list[str]:
+def needed_under_tmp() -> list[str]:
     """The folders under /tmp that the kernel needs: the Python environment and course_lib's clone.
     Outermost first, none inside another."""
     import course_lib
@@ -123,7 +123,7 @@ def _sandbox_command(scratch: Path, sockets: Path, settings: Settings) -> list[s
     command = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
     # What the kernel runs from may itself live under /tmp (a clone and its .venv there, as on a CI
     # machine): the private /tmp would hide Python and course_lib, so they are bound back, read-only.
-    shown = _needed_under_tmp()
+    shown = needed_under_tmp()
     for path in shown:
         command += ["--ro-bind", path, path]
     for hidden in settings.hidden:
@@ -522,11 +522,11 @@ def grade_submission(path: Path, settings: Settings, lessons: dict[str, Lesson] 
 def _moved_stubs(nb: Any, lesson: Lesson) -> list[str]:
     """Exercises whose stub cell (found by its key, or by its text) is gone while a cell defines
     the exercise's name: the learner moved the definition away from the checker's place."""
-    from .lessons import _DEFINES
+    from .lessons import DEFINES
 
     keys = {c.get("metadata", {}).get("exercise") for c in nb.cells}
     sources = {c.source.strip() for c in nb.cells if c.cell_type == "code"}
-    defined = {n for c in nb.cells if c.cell_type == "code" for n in _DEFINES.findall(c.source)}
+    defined = {n for c in nb.cells if c.cell_type == "code" for n in DEFINES.findall(c.source)}
     moved = []
     for ex in lesson.exercises:
         if ex.key in keys or ex.stub_source.strip() in sources:

@@ -65,7 +65,7 @@ def read_rows(folder: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise ValueError(f"{folder}: no {ROWS_FILE}; is it the --out folder of a `python -m course_lib.grade` "
+        raise ValueError(f"{folder}: no {ROWS_FILE}; is it the --out folder of a `python -m course_lib.grading` "
                          "run (one that finished)?") from None
     except (OSError, ValueError) as err:
         raise ValueError(f"{path}: unreadable ({err}); run that shard again") from None

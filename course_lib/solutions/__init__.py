@@ -7,7 +7,7 @@ the line ``# %% solution NN.name`` and runs to the next such line (or the end of
 the same names as the exercise's stub cell. The file's header, above the first block, only imports
 what the blocks use, so that the file is valid Python and the tests can import and check every
 solution. The notebook's stub cell carries ``"exercise": "NN.name"`` in its metadata; the solution
-test run (``tests/notebooks_with_solutions.py``) puts each block in place of its stub and requires
+test run (``tests/notebooks/notebooks_with_solutions.py``) puts each block in place of its stub and requires
 every checker to pass.
 """
 

@@ -2,7 +2,7 @@
 
 import torch
 
-from course_lib.data import pad_sequences
+from course_lib.data.copy_task import pad_sequences
 from course_lib.masks import padding_mask
 
 # %% solution 08.make_batch

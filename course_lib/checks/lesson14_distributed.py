@@ -1,0 +1,491 @@
+"""Checkers for lesson 14 (training beyond one core).
+
+* ``check_accumulation(fn)``: ``fn(model, x, y, k)`` fills every ``p.grad`` with the whole batch's
+  gradient from k micro-batches (float64, from stale gradients).
+* ``check_average_gradients(fn)``: ``fn(model)`` on every rank after backward: every rank's gradients
+  become one process's on the whole batch (2 and 3 gloo processes).
+* ``check_zero1_bytes(fn)``: ``fn() -> int``, the predicted bytes of AdamW's state per rank with
+  ZeRO-1 on 2 ranks (a "predict, then run" question; the reveal cell measures it with
+  ``course_lib.parallel.measure_zero1_bytes``).
+* ``check_seeded_replicas(fn)``: the fixed ``fn(rank, world_size, batches) -> {name: weight}`` (the
+  Debug exercise): both ranks end with one process's weights.
+* ``check_parallel_mlp(cls)``: ``cls(dense, rank, world_size)``, Megatron's MLP on 2 ranks: the dense
+  ``FeedForward``'s output and gradients, half of each matrix per rank, one all-reduce each way.
+
+The checkers of the distributed exercises run the learner's code on 2 gloo processes themselves
+(``course_lib.launch.run_on_ranks``: forked from the notebook's kernel on Linux, so a function
+defined in a cell runs there as it is), each run under a time limit; every process they start has
+ended when they return, whatever the learner's code did.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..gpt import GPT, GPTConfig, lm_loss
+from ..launch import RankFailed, RanksTimedOut, run_on_ranks
+from ..layers import FeedForward
+from ..parallel import (
+    ColumnParallelLinear, CopyToParallel, ParallelMLP, ReduceFromParallel, RowParallelLinear,
+    accumulate_gradients, average_gradients, random_batches, rank_share,
+)
+from .common import CheckFailure, calls_to, checker, is_course_lib, one_thread, run_learner, time_limit
+
+__all__ = ["check_accumulation", "check_average_gradients", "check_zero1_bytes",
+           "check_seeded_replicas", "check_parallel_mlp", "LESSON_GPT_PARAMETERS"]
+
+TIME_LIMIT = 60.0  # seconds for one run on the ranks (a few tenths of a second when right)
+# Lesson 09's recipe (COURSE): a 1-layer GPT of d_model 128 on 83 characters, float32.
+LESSON_GPT_PARAMETERS = 217_344
+
+
+def _small_gpt(seed: int) -> GPT:
+    torch.manual_seed(seed)
+    return GPT(GPTConfig(vocab_size=67, max_len=16, d_model=32, num_heads=4, num_layers=2)).double()
+
+
+def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    return max((a[n].double() - b[n].double()).abs().max().item() for n in b)
+
+
+def _close(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], tol: float = 1e-12) -> bool:
+    return set(a) == set(b) and all(a[n].shape == b[n].shape for n in b) and _max_diff(a, b) <= tol
+
+
+def _on_ranks(fn: Callable[..., Any], world_size: int, args: tuple, case: str, hint: str = "") -> list:
+    """Run a checker's rank function; the learner's error, a hang or a crash becomes a CheckFailure."""
+    try:
+        with time_limit(TIME_LIMIT + 10, f"The ranks ran for more than {TIME_LIMIT + 10:g} s ({case}) "
+                        "and were stopped."):
+            return run_on_ranks(fn, world_size, args, timeout=TIME_LIMIT)
+    except RanksTimedOut as err:
+        raise CheckFailure(f"Your code did not finish on {world_size} ranks ({case}): {err}") from None
+    except RankFailed as err:
+        text = str(err)
+        if "NotImplementedError" in text.splitlines()[0]:
+            raise NotImplementedError from None
+        first = text.splitlines()[0]
+        raise CheckFailure(f"Your code failed on {world_size} ranks ({case}): {first}. {hint}".strip()) from None
+
+
+# --- 1. gradient accumulation (one process) -----------------------------------------------------
+
+@checker
+def check_accumulation(fn: Callable[..., Any]) -> None:
+    """Check ``fn(model, x, y, k)``: fills every ``p.grad`` with the whole batch's gradient, from k
+    micro-batches of B/k rows, in float64 (to 1e-12), starting from stale gradients."""
+    if is_course_lib(fn):
+        raise CheckFailure("That is course_lib's accumulate_gradients: write the loop yourself.")
+    with torch.random.fork_rng(devices=[]), one_thread():
+        cases = [("B=8, k=2", 8, 2, 0), ("B=12, k=4", 12, 4, 1), ("B=6, k=3", 6, 3, 2)]
+        for case, batch, k, seed in cases:
+            x, y = random_batches(1, batch, seed=seed)[0]
+            reference = _small_gpt(seed)
+            reference.zero_grad()
+            lm_loss(reference(x), y).backward()
+            expected = {n: p.grad for n, p in reference.named_parameters()}
+            model = _small_gpt(seed)
+            stale = {n: torch.full_like(p, 0.5) for n, p in model.named_parameters()}
+            for n, p in model.named_parameters():
+                p.grad = stale[n].clone()  # the previous step's gradients, still there
+            rows: list[int] = []
+            handle = model.register_forward_pre_hook(lambda m, inp: rows.append(inp[0].size(0)))
+            try:
+                with time_limit(60.0, f"Your code ran for more than 60 s ({case}) and was stopped."):
+                    run_learner(fn, model, x, y, k, case=case)
+            finally:
+                handle.remove()
+            grads = {n: p.grad for n, p in model.named_parameters()}
+            if any(g is None for g in grads.values()):
+                raise CheckFailure(f"Some .grad is None after your function ({case}): call backward on "
+                                   "each micro-batch's loss (and do not set the gradients to None "
+                                   "after the last one).")
+            if rows != [batch // k] * k:
+                raise CheckFailure(
+                    f"The model ran on batches of {rows} rows ({case}); accumulation runs it k = {k} "
+                    f"times on micro-batches of B/k = {batch // k} rows (x.chunk(k)), so that only one "
+                    "micro-batch's activations are in memory at a time.")
+            if _close(grads, expected):
+                continue
+            wrong = [
+                ({n: expected[n] * k for n in expected},
+                 f"the gradients are k = {k} times too large: each micro-batch's mean loss counts "
+                 "fully, but backward adds the k gradients; divide each micro-batch's loss by k"),
+                ({n: expected[n] + stale[n] for n in expected},
+                 "the previous step's gradients are still in .grad: backward adds to them; zero "
+                 "them (model.zero_grad() or p.grad = None) once, before the first micro-batch"),
+                ({n: expected[n] * k + stale[n] for n in expected},
+                 f"two mistakes: the old gradients are still in .grad (zero them first) and the "
+                 f"losses are not divided by k = {k}"),
+            ]
+            for grads_wrong, message in wrong:
+                if _close(grads, grads_wrong):
+                    raise CheckFailure(f"Likely mistake ({case}): {message}.", mistake=message)
+            last = _micro_grad(seed, x.chunk(k)[-1], y.chunk(k)[-1])
+            for scale, message in ((1.0, "only the last micro-batch's gradient is left"),
+                                   (1.0 / k, "only the last micro-batch's gradient (over k) is left")):
+                if _close(grads, {n: g * scale for n, g in last.items()}):
+                    raise CheckFailure(f"Likely mistake ({case}): {message}: the gradients are zeroed "
+                                       "inside the loop; zero them once, before it.", mistake=message)
+            raise CheckFailure(f"Your gradients differ from the whole batch's by up to "
+                               f"{_max_diff(grads, expected):.3g} ({case}), and none of the usual "
+                               "mistakes explains it.")
+    print(f"check_accumulation: all {len(cases)} cases equal one big batch (to 1e-12 in float64). "
+          "Well done!")
+
+
+def _micro_grad(seed: int, x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
+    model = _small_gpt(seed)
+    lm_loss(model(x), y).backward()
+    return {n: p.grad for n, p in model.named_parameters()}
+
+
+# --- 2. data parallel by hand -------------------------------------------------------------------
+
+def _average_case(rank: int, world_size: int, fn: Callable[..., Any], seed: int,
+                  batch: int) -> dict[str, Any]:
+    """One rank: the same model, this rank's share of the batch, backward, then the learner's fn."""
+    model = _small_gpt(seed)
+    x, y = random_batches(1, batch, seed=seed)[0]
+    lm_loss(model(rank_share(x, rank, world_size)), rank_share(y, rank, world_size)).backward()
+    local = {n: p.grad.clone() for n, p in model.named_parameters()}
+    weights = {n: p.detach().clone() for n, p in model.named_parameters()}
+    with calls_to([average_gradients]) as seen:
+        fn(model)
+    grads = {n: (p.grad.clone() if p.grad is not None else None) for n, p in model.named_parameters()}
+    moved = any(not torch.equal(p.detach(), weights[n]) for n, p in model.named_parameters())
+    return {"grads": grads, "local": local, "course_lib": bool(seen), "moved": moved}
+
+
+@checker
+def check_average_gradients(fn: Callable[..., Any]) -> None:
+    """Check ``fn(model)``, called on every rank after backward on the rank's share of the batch:
+    afterwards every rank's gradients equal one process's on the whole batch (1e-12, float64), on
+    2 and on 3 gloo processes."""
+    if is_course_lib(fn):
+        raise CheckFailure("That is course_lib's average_gradients: write it yourself with "
+                           "dist.all_reduce.")
+    cases = [("2 ranks, batch of 8", 2, 8, 0), ("3 ranks, batch of 6", 3, 6, 1)]
+    for case, world, batch, seed in cases:
+        results = _on_ranks(_average_case, world, (fn, seed, batch), case)
+        if any(r["course_lib"] for r in results):
+            raise CheckFailure("Your function calls course_lib's average_gradients: write it yourself "
+                               "with dist.all_reduce.")
+        model = _small_gpt(seed)
+        x, y = random_batches(1, batch, seed=seed)[0]
+        lm_loss(model(x), y).backward()
+        expected = {n: p.grad for n, p in model.named_parameters()}
+        for rank, r in enumerate(results):
+            grads = r["grads"]
+            if any(g is None for g in grads.values()):
+                raise CheckFailure(f"Some .grad is None on rank {rank} after your function ({case}): "
+                                   "change the gradients in place, do not remove them.")
+            if r["moved"]:
+                raise CheckFailure(f"Your function changed the weights on rank {rank} ({case}); it "
+                                   "should change only the gradients (p.grad), not p itself.")
+            if _close(grads, expected):
+                continue
+            total = {n: expected[n] * world for n in expected}
+            if _close(grads, total):
+                raise CheckFailure(
+                    f"Likely mistake ({case}): every gradient is {world} times the whole batch's, the "
+                    "SUM over the ranks. Each rank's loss is already a mean over its share, so the "
+                    "ranks' gradients must be averaged: divide the sum by the world size.")
+            if _close(grads, r["local"]):
+                raise CheckFailure(
+                    f"Likely mistake ({case}): rank {rank}'s gradients are still those of its own "
+                    "share of the batch: nothing was all-reduced into p.grad. (dist.all_reduce works "
+                    "in place on the tensor you give it: a copy, or p instead of p.grad, leaves "
+                    "p.grad unchanged.)")
+            for wrong_n in (2, 3, 4):
+                if wrong_n != world and _close(grads, {n: expected[n] * world / wrong_n for n in expected}):
+                    raise CheckFailure(
+                        f"Likely mistake ({case}): the sum is divided by {wrong_n} on {world} ranks: "
+                        "divide by dist.get_world_size().")
+            done = [n for n in expected if torch.allclose(grads[n], expected[n], rtol=0, atol=1e-12)]
+            if done:
+                missing = [n for n in expected if n not in done]
+                raise CheckFailure(
+                    f"Likely mistake ({case}): {len(done)} of {len(expected)} gradients are right, but "
+                    f"not {missing[:3]}{' ...' if len(missing) > 3 else ''}: average every parameter's "
+                    "gradient (model.parameters()).")
+            raise CheckFailure(f"Rank {rank}'s gradients differ from one process's on the whole batch "
+                               f"by up to {_max_diff(grads, expected):.3g} ({case}), and none of the "
+                               "usual mistakes explains it.")
+    print("check_average_gradients: on 2 and 3 ranks, every rank's gradients equal one process's on the "
+          "whole batch (to 1e-12 in float64). Well done!")
+
+
+# --- 3. ZeRO-1's optimizer state (Predict) -------------------------------------------------------
+
+def zero1_state_bytes(parameters: int, world_size: int, bytes_per_number: int = 4) -> int:
+    """AdamW's two moments for this rank's 1/N of the parameters (ZeRO-1), in bytes."""
+    return 2 * math.ceil(parameters / world_size) * bytes_per_number
+
+
+@checker
+def check_zero1_bytes(fn: Callable[[], Any]) -> None:
+    """Check ``fn() -> int``: the bytes of AdamW's state per rank with ZeRO-1 on 2 ranks, for lesson
+    09's GPT (217,344 float32 parameters)."""
+    got = run_learner(fn, case="your prediction", hint="Return one number of bytes.")
+    if isinstance(got, bool) or not isinstance(got, (int, float)) or not math.isfinite(got):
+        raise CheckFailure(f"Return one number (bytes), got {got!r}.")
+    n = LESSON_GPT_PARAMETERS
+    right = zero1_state_bytes(n, 2)
+    if got == right:
+        print(f"check_zero1_bytes: right, {right:,} bytes on each rank. AdamW keeps two float32 numbers "
+              f"(exp_avg, exp_avg_sq) per weight: 8 bytes x {n:,} = {8 * n:,} on one process; ZeRO-1 "
+              "keeps each rank's half.")
+        return
+    named = [
+        (8 * n, "that is the whole state, on one process: with ZeRO-1 each of the 2 ranks keeps the "
+                "moments of its half of the weights only"),
+        (4 * n // 2, "AdamW keeps TWO numbers per weight (exp_avg and exp_avg_sq), not one"),
+        (n, "that is the number of parameters; the question asks for the bytes of AdamW's state"),
+        (n // 2, "that is half the number of parameters; count AdamW's numbers per weight, in bytes"),
+        (2 * n // 2, "that counts numbers, not bytes: a float32 takes 4 bytes"),
+        (16 * n // 2, "those are float64 bytes; the model trains in float32, 4 bytes a number"),
+        (12 * n // 2, "that adds the weights themselves: ZeRO-1 splits only the optimizer's state "
+                      "(every rank still holds every weight), and the question asks for the state"),
+        (16 * n, "that is weights + gradients + both moments on one process"),
+    ]
+    for value, reason in named:
+        if got == value:
+            raise CheckFailure(f"Not quite: {got:,} bytes. Hint: {reason}.", mistake=reason)
+    raise CheckFailure(f"Not quite: {got:,} bytes. Count AdamW's numbers per weight, the bytes per "
+                       f"float32, and which share of the {n:,} weights one of 2 ranks keeps.")
+
+
+# --- 4. Debug: one seed per rank ----------------------------------------------------------------
+
+def _replica_case(rank: int, world_size: int, fn: Callable[..., Any],
+                  batches: list) -> dict[str, torch.Tensor]:
+    out = fn(rank, world_size, batches)
+    return {n: t.detach().clone() for n, t in dict(out).items()}
+
+
+def _one_process_replica(batches: list, seed: int = 1337) -> dict[str, torch.Tensor]:
+    torch.manual_seed(seed)
+    model = GPT(GPTConfig(vocab_size=67, max_len=16, d_model=32, num_heads=4, num_layers=2)).double()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for x, y in batches:
+        optimizer.zero_grad()
+        lm_loss(model(x), y).backward()
+        optimizer.step()
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+@checker
+def check_seeded_replicas(fn: Callable[..., Any]) -> None:
+    """Check the fixed ``fn(rank, world_size, batches) -> {name: weight}`` on 2 gloo processes: both
+    ranks end with the weights of one process trained on the whole batches (seed 1337), 1e-10."""
+    batches = random_batches(3, 8, seed=5)
+    results = _on_ranks(_replica_case, 2, (fn, batches), "2 ranks, 3 steps")
+    expected = _one_process_replica(batches)
+    if not all(set(r) == set(expected) for r in results):
+        raise CheckFailure("Return the model's weights as {name: tensor} (model.named_parameters()), as "
+                           "the function did.")
+    apart = _max_diff(results[0], results[1])
+    if apart > 1e-10:
+        raise CheckFailure(
+            f"Observed: after 3 steps, rank 0's and rank 1's weights differ by up to {apart:.3g}. "
+            "Data parallel needs every rank to hold the same model at every step.")
+    diff = _max_diff(results[0], expected)
+    if diff > 1e-10:
+        raise CheckFailure(
+            f"Observed: both ranks agree, but their weights differ from one process trained on the "
+            f"whole batches (from torch.manual_seed(1337)) by up to {diff:.3g}.")
+    print("check_seeded_replicas: both ranks end with one process's weights (to 1e-10). Well done!")
+
+
+# --- 5. ★★★ tensor parallel: Megatron's MLP -----------------------------------------------------
+
+_COLLECTIVES = ("all_reduce", "all_gather", "broadcast", "reduce_scatter", "all_to_all", "reduce",
+                "all_gather_into_tensor", "reduce_scatter_tensor")
+
+
+def _mlp_case(rank: int, world_size: int, cls: Callable[..., Any], d_model: int, d_ff: int,
+              activation: str, seed: int) -> dict[str, Any]:
+    """One rank: the learner's module from a dense FeedForward; forward and backward counted."""
+    import torch.distributed.distributed_c10d as c10d
+
+    torch.manual_seed(seed)
+    dense = FeedForward(d_model, d_ff, dropout=0.0, activation=activation).double()
+    with torch.no_grad():
+        for p in dense.parameters():
+            p.normal_(0, 0.5)
+    x = torch.randn(2, 5, d_model, dtype=torch.float64)
+    counts: dict[str, int] = {}
+    phase = ["build"]
+    originals = {name: getattr(dist, name) for name in _COLLECTIVES if hasattr(dist, name)}
+
+    def counted(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            key = f"{phase[0]}:{name}"
+            counts[key] = counts.get(key, 0) + 1
+            return original(*args, **kwargs)
+        return wrapper
+
+    for name, original in originals.items():
+        setattr(dist, name, counted(name, original))
+        setattr(c10d, name, getattr(dist, name))
+    refs = [ParallelMLP.__init__, ParallelMLP.forward, ColumnParallelLinear.__init__,
+            ColumnParallelLinear.forward, RowParallelLinear.__init__, RowParallelLinear.forward,
+            CopyToParallel.forward, CopyToParallel.backward, ReduceFromParallel.forward,
+            ReduceFromParallel.backward]
+    try:
+        with calls_to(refs) as seen:
+            module = cls(dense, rank, world_size)
+            phase[0] = "forward"
+            xs = x.clone().requires_grad_(True)
+            out = module(xs)
+            phase[0] = "backward"
+            g = torch.randn(out.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(7))
+            out.backward(g) if isinstance(out, torch.Tensor) and out.requires_grad else None
+    finally:
+        for name, original in originals.items():
+            setattr(dist, name, original)
+            setattr(c10d, name, original)
+    params = [(n, p.detach().clone(), None if p.grad is None else p.grad.clone())
+              for n, p in module.named_parameters()] if isinstance(module, nn.Module) else []
+    return {"out": out.detach().clone() if isinstance(out, torch.Tensor) else out,
+            "x_grad": None if xs.grad is None else xs.grad.clone(),
+            "params": params, "counts": counts, "course_lib": bool(seen),
+            "is_module": isinstance(module, nn.Module)}
+
+
+def _dense_reference(d_model: int, d_ff: int, activation: str, seed: int, world: int) -> dict[str, Any]:
+    torch.manual_seed(seed)
+    dense = FeedForward(d_model, d_ff, dropout=0.0, activation=activation).double()
+    with torch.no_grad():
+        for p in dense.parameters():
+            p.normal_(0, 0.5)
+    x = torch.randn(2, 5, d_model, dtype=torch.float64).requires_grad_(True)
+    out = dense(x)
+    g = torch.randn(out.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(7))
+    out.backward(g)
+    w1, b1, w2, b2 = dense.linear1.weight, dense.linear1.bias, dense.linear2.weight, dense.linear2.bias
+    partial_out, partial_grad = [], []
+    for r in range(world):  # what each rank's half alone gives (no communication)
+        w1r, b1r, w2r = w1.detach().chunk(world, 0)[r], b1.detach().chunk(world)[r], w2.detach().chunk(world, 1)[r]
+        xr = x.detach().clone().requires_grad_(True)
+        o = dense.activation(xr @ w1r.T + b1r) @ w2r.T
+        o.backward(g)
+        partial_out.append(o.detach())
+        partial_grad.append(xr.grad)
+    shards = []  # (value, gradient) of every piece a rank should hold: [rank][piece]
+    for r in range(world):
+        shards.append([(w1.detach().chunk(world, 0)[r], w1.grad.chunk(world, 0)[r], "linear1's weight rows"),
+                       (b1.detach().chunk(world)[r], b1.grad.chunk(world)[r], "linear1's bias"),
+                       (w2.detach().chunk(world, 1)[r], w2.grad.chunk(world, 1)[r], "linear2's weight columns"),
+                       (b2.detach(), b2.grad, "linear2's bias")])
+    return {"out": out.detach(), "x_grad": x.grad, "b2": b2.detach(), "partial_out": partial_out,
+            "partial_grad": partial_grad, "shards": shards,
+            "dense_numel": sum(p.numel() for p in dense.parameters())}
+
+
+def _near(a: Any, b: torch.Tensor, tol: float = 1e-10) -> bool:
+    return isinstance(a, torch.Tensor) and a.shape == b.shape and (a.double() - b).abs().max().item() <= tol
+
+
+@checker
+def check_parallel_mlp(cls: Callable[..., Any]) -> None:
+    """Check ``cls(dense, rank, world_size)`` (an nn.Module; ``forward(x (B, T, d)) -> (B, T, d)``)
+    on 2 gloo processes: every rank's output and input gradient equal the dense ``FeedForward``'s,
+    each rank holds 1/2 of each matrix and its parameters' gradients equal the matching slices of
+    the dense gradients, with one all-reduce in forward and one in backward (1e-10, float64)."""
+    if is_course_lib(cls):
+        raise CheckFailure("That is course_lib's ParallelMLP: build your own from f and g.")
+    cases = [("2 ranks, d_model 8, d_ff 12, GELU", 2, 8, 12, "gelu", 0),
+             ("2 ranks, d_model 6, d_ff 16, ReLU", 2, 6, 16, "relu", 1)]
+    for case, world, d_model, d_ff, activation, seed in cases:
+        results = _on_ranks(_mlp_case, world, (cls, d_model, d_ff, activation, seed), case)
+        ref = _dense_reference(d_model, d_ff, activation, seed, world)
+        for rank, r in enumerate(results):
+            if r["course_lib"]:
+                raise CheckFailure("Your class uses course_lib's ParallelMLP, ColumnParallelLinear, "
+                                   "RowParallelLinear or f/g: write your own (torch.autograd.Function "
+                                   "and dist.all_reduce are the building blocks).")
+            if not r["is_module"]:
+                raise CheckFailure("Make it an nn.Module (class ...(nn.Module), super().__init__()), "
+                                   "holding this rank's shares as nn.Parameters.")
+            _check_mlp_rank(r, ref, rank, world, case)
+    print(f"check_parallel_mlp: all {len(cases)} cases equal the dense FeedForward on every rank, forward "
+          "and backward, with half of each matrix per rank and one all-reduce each way. Well done!")
+
+
+def _check_mlp_rank(r: dict[str, Any], ref: dict[str, Any], rank: int, world: int, case: str) -> None:
+    out, b2 = r["out"], ref["b2"]
+    where = f"({case}, rank {rank})"
+    if not isinstance(out, torch.Tensor) or out.shape != ref["out"].shape:
+        shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise CheckFailure(f"forward returns {shape}, expected the dense output's shape "
+                           f"{tuple(ref['out'].shape)} on every rank {where}.")
+    if not _near(out, ref["out"]):
+        partial = ref["partial_out"][rank]
+        if _near(out, ref["out"] + (world - 1) * b2):
+            raise CheckFailure(f"Likely mistake {where}: linear2's bias is added on every rank before "
+                               f"the all-reduce, so the sum holds it {world} times: add it once, after.")
+        if _near(out, partial + b2) or _near(out, partial):
+            raise CheckFailure(f"Likely mistake {where}: the output is this rank's partial sum only; "
+                               "the ranks' partial products of linear2 must be added up (all-reduce) "
+                               "in forward.")
+        raise CheckFailure(f"The output differs from the dense FeedForward's by up to "
+                           f"{(out.double() - ref['out']).abs().max().item():.3g} {where}. Each rank: "
+                           "its rows of linear1 (with their bias), the activation, its columns of linear2.")
+    if r["x_grad"] is None:
+        raise CheckFailure(f"x.grad is None after backward {where}: the output must depend on x "
+                           "through autograd (an autograd Function's forward returns a new tensor).")
+    if not _near(r["x_grad"], ref["x_grad"]):
+        partial = ref["partial_grad"][rank]
+        if _near(r["x_grad"], partial):
+            raise CheckFailure(
+                f"Likely mistake {where}: the forward is right but x's gradient is this rank's part "
+                "only: each rank's linear1 used the same x, so the ranks' gradients for x must be "
+                "summed in backward (the all-reduce of Megatron's f). dist.all_reduce in a forward is "
+                "invisible to autograd.")
+        if _near(r["x_grad"], world * ref["x_grad"]):
+            raise CheckFailure(
+                f"Likely mistake {where}: x's gradient is {world} times too large: it is summed over "
+                "the ranks twice. The all-reduce of the forward (g) passes the gradient through "
+                "unchanged in backward (every rank's part counts once in the sum).")
+        raise CheckFailure(f"x's gradient differs from the dense one by up to "
+                           f"{(r['x_grad'] - ref['x_grad']).abs().max().item():.3g} {where}.")
+    shards = ref["shards"][rank]
+    held = sum(v.numel() for v, _, _ in shards)
+    numel = sum(v.numel() for _, v, _ in r["params"])
+    if numel != held:
+        raise CheckFailure(
+            f"This rank holds {numel} parameters; its share is {held} of the dense {ref['dense_numel']} "
+            f"{where}: 1/{world} of each matrix and of linear1's bias, and linear2's whole bias. "
+            "Keep only the slices as nn.Parameters (clone them), not the dense layer.")
+    for value, grad, what in shards:
+        match = [(n, g) for n, v, g in r["params"] if v.shape == value.shape and torch.equal(v, value)]
+        match += [(n, None if g is None else g.T) for n, v, g in r["params"]
+                  if v.dim() == 2 and v.T.shape == value.shape and torch.equal(v.T, value)]
+        if not match:
+            raise CheckFailure(f"No parameter of rank {rank} holds its slice of {what} {where}: rank r "
+                               "keeps chunk r of linear1's rows (and bias) and chunk r of linear2's "
+                               "columns, cloned from the dense layer.")
+        name, g = match[0]
+        if g is None or not _near(g, grad):
+            raise CheckFailure(f"The gradient of {name} ({what}) differs from the matching slice of the "
+                               f"dense gradient {where}.")
+    counts = r["counts"]
+    build = sorted(k for k in counts if k.startswith("build:"))
+    fwd, bwd = counts.get("forward:all_reduce", 0), counts.get("backward:all_reduce", 0)
+    others = sorted(k for k in counts if k.split(":")[1] != "all_reduce" and not k.startswith("build"))
+    if others:
+        raise CheckFailure(f"Your module calls {others} {where}: Megatron's MLP needs only one "
+                           "all-reduce each way; no rank should gather the whole activation.")
+    if (fwd, bwd) != (1, 1) and counts:
+        raise CheckFailure(f"Your module calls all_reduce {fwd} time(s) in forward and {bwd} in backward "
+                           f"{where}; the constraint is one each way (linear1's all-reduce waits until "
+                           "backward; linear2's partial sums are reduced once).")
+    del build

@@ -1,0 +1,239 @@
+"""Grade a class's notebooks: ``python -m course_lib.grading --out DIR SUBMISSION.ipynb [...]``.
+
+    python -m course_lib.grading --out build/grades submissions/*.ipynb
+    python -m course_lib.grading --out build/grades --timeout 60 --workers 2 submissions/
+    python -m course_lib.grading --out build/grades --sandbox none submissions/   (no bubblewrap)
+    python -m course_lib.grading --out build/grades --roster roster.csv --points 00.gradient=2 submissions/
+    python -m course_lib.grading --out build/shard2 --shard 2/3 submissions/   (then course_lib.grading.merge)
+
+Each submission (a notebook, or every file of a folder) runs in its own fresh kernel, in a scratch
+copy of its lesson's folder, with a time limit per cell and per notebook and a memory limit, and
+(``--sandbox auto``, the default, where bubblewrap works) in a bwrap sandbox; then the grader re-runs
+every checker itself on the learner's objects. The first line printed says whether a sandbox is
+used. The file name's stem is the learner's id; the lesson is recognised from the notebook's content.
+Writes DIR/grades.csv, DIR/grades_NN.csv per lesson, DIR/report.html, DIR/feedback/<student>.html
+and DIR/rows.json (for merging shards); with --roster (or --canvas-assignment) DIR/grades_canvas_NN.csv,
+with --moodle-id DIR/grades_moodle_NN.csv. See docs/instructors.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from multiprocessing import get_context
+from pathlib import Path
+
+from . import platforms
+from .lessons import read_lessons
+from .report import write_all
+from .roster import match
+from .runner import (
+    Graded,
+    Settings,
+    become_subreaper,
+    configure_worker,
+    end_processes,
+    grade_submission,
+    needed_under_tmp,
+    socket_root,
+)
+from .shards import parse_shard, shard_of, write_rows
+
+__all__ = ["main", "grade_all", "write_outputs", "cores", "choose_sandbox"]
+
+
+def _submissions(args: list[str]) -> list[Path]:
+    paths: list[Path] = []
+    for arg in args:
+        path = Path(arg)
+        if path.is_dir():
+            paths += sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith("."))
+        elif path.is_file():
+            paths.append(path)
+        else:
+            raise SystemExit(f"grade: {arg} does not exist")
+    stems: dict[str, Path] = {}
+    for p in paths:
+        if p.stem in stems:
+            raise SystemExit(f"grade: two submissions have the learner id {p.stem!r}: {stems[p.stem]} and "
+                             f"{p}. A file's stem is the learner's id; rename one.")
+        stems[p.stem] = p
+    if not paths:
+        raise SystemExit("grade: no submissions given")
+    return paths
+
+
+def cores() -> int:
+    """The cores this process may run on (its affinity), the default number of workers."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def choose_sandbox(choice: str) -> tuple[str, str]:
+    """("bwrap" or "none", the line that says so)."""
+    found = shutil.which("bwrap")
+    works = False
+    if found and sys.platform.startswith("linux"):
+        try:
+            # the kernel's own start, as the sandbox will run it: this Python, importing course_lib
+            binds = [arg for path in needed_under_tmp() for arg in ("--ro-bind", path, path)]
+            probe = [found, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
+                     *binds, "--unshare-net", "--unshare-pid", "--die-with-parent",
+                     sys.executable, "-c", "import course_lib"]
+            works = subprocess.run(probe, capture_output=True, timeout=60).returncode == 0
+        except (OSError, subprocess.TimeoutExpired):
+            works = False
+    if choice == "bwrap" and not works:
+        raise SystemExit("grade: --sandbox bwrap, but bubblewrap (bwrap) is missing or cannot run here "
+                         "(Debian/Ubuntu: apt-get install bubblewrap)")
+    if choice == "none" or not works:
+        why = "--sandbox none" if choice == "none" else "bubblewrap (bwrap) is not available here"
+        return "none", (f"grade: NO SANDBOX ({why}): each kernel runs as you, with your files and network; "
+                        "see docs/instructors.md")
+    return "bwrap", ("grade: sandbox bwrap: each kernel sees the file system read-only, its own scratch "
+                     "folder, a private /tmp, no network, no other process")
+
+
+def grade_all(paths: list[Path], settings: Settings, workers: int,
+              contents: dict[Path, str] | None = None) -> list[Graded]:
+    """Grade every submission, ``workers`` at a time, each worker in its own process. A worker lost
+    on the way (killed from a kernel) costs only the rows it was grading: they are tried once more,
+    one at a time, then get the status "grader error"."""
+    rows: dict[Path, Graded] = {}
+    start = time.monotonic()
+
+    def done(path: Path, row: Graded) -> None:
+        rows[path] = row
+        marks = row.marks()
+        left = len(paths) - len(rows)
+        spent = time.monotonic() - start
+        eta = f", about {spent / len(rows) * left:.0f} s left" if left else ""
+        print(f"[{len(rows)}/{len(paths)}{eta}] {row.student}: lesson {row.lesson or '?'}, "
+              f"{sum(marks.values())} of {len(marks)} passed, {row.status} ({row.seconds:.0f} s)", flush=True)
+
+    def run(batch: list[Path], n: int) -> list[Path]:
+        lost = []
+        with ProcessPoolExecutor(n, mp_context=get_context("spawn"), initializer=configure_worker,
+                                 initargs=(settings.threads,)) as pool:
+            futures = {pool.submit(grade_submission, p, settings, None, (contents or {}).get(p)): p
+                       for p in batch}
+            for future in as_completed(futures):
+                try:
+                    done(futures[future], future.result())
+                except Exception:  # noqa: BLE001 (a worker killed under a submission: BrokenProcessPool)
+                    lost.append(futures[future])
+        end_processes(set())  # what a killed worker's kernels left behind was re-parented to us
+        return lost
+
+    lost = run(paths, workers)
+    for path in lost:  # alone, so that one submission's sabotage cannot cost another its row
+        for again in run([path], 1):
+            row = Graded(student=again.stem, status="grader error",
+                         notes=["the grader's worker was killed while grading it, twice"])
+            done(again, row)
+    return [rows[p] for p in paths]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m course_lib.grading", description=__doc__.split("\n")[0])
+    parser.add_argument("--out", required=True, type=Path, help="folder for grades.csv, report.html, feedback/")
+    parser.add_argument("--timeout", type=float, default=300, help="seconds per cell (default 300)")
+    parser.add_argument("--notebook-timeout", type=float, default=3600,
+                        help="seconds per notebook: no cell starts later (default 3600)")
+    parser.add_argument("--workers", type=int, default=cores(), help="notebooks at a time (default: one per core)")
+    parser.add_argument("--memory-gb", type=float, default=None,
+                        help="address-space limit per kernel (default: the machine's RAM / workers)")
+    parser.add_argument("--sandbox", choices=["auto", "bwrap", "none"], default="auto",
+                        help="run each kernel in a bubblewrap sandbox (auto: where bwrap works)")
+    parser.add_argument("--shard", default=None, metavar="K/N",
+                        help="grade only the K-th of N shares of the class (decided by the learner ids); "
+                             "merge the N output folders with python -m course_lib.grading.merge")
+    platforms.add_arguments(parser)
+    parser.add_argument("submissions", nargs="+", help="notebooks, or folders of them")
+    args = parser.parse_args(argv)
+    lessons = read_lessons()
+    try:  # bad options stop here, before any kernel starts, with what to fix (exit code 2)
+        shard = parse_shard(args.shard) if args.shard else None
+        platform = platforms.from_arguments(args, lessons)
+    except ValueError as err:
+        parser.error(str(err))
+    try:
+        everyone = _submissions(args.submissions)
+        if platform.roster is not None:
+            match(platform.roster, [p.stem for p in everyone])  # two files for one roster learner: stop now
+    except SystemExit as err:  # a missing file, two files with one learner id: what to fix, exit code 2
+        parser.exit(2, f"{err}\n")
+    except ValueError as err:
+        parser.error(str(err))
+    mode, line = choose_sandbox(args.sandbox)
+    print(line, flush=True)
+    paths = everyone
+    if shard:
+        mine = shard_of([p.stem for p in everyone], *shard)
+        paths = [p for p in everyone if p.stem in mine]
+        print(f"grade: shard {shard[0]}/{shard[1]}: {len(paths)} of the class's {len(everyone)} submissions",
+              flush=True)
+    # every submission is read now, before any learner's code runs: a kernel cannot swap another's
+    contents = {}
+    for path in paths:
+        try:
+            contents[path] = path.read_bytes().decode("utf-8", errors="replace")
+        except OSError as err:
+            contents[path] = f"unreadable: {err}"
+    workers = max(1, min(args.workers, max(1, len(paths))))
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    memory = int(args.memory_gb * 2**30) if args.memory_gb else max(4 * 2**30, ram // workers)
+    hidden = sorted({str(p.resolve().parent) for p in paths if not _holds_course(p.resolve().parent)}
+                    | {str(p.resolve()) for p in paths} | {str(args.out.resolve())})
+    scratch_root = tempfile.mkdtemp(prefix="grade-run-")
+    os.chmod(scratch_root, 0o700)
+    sockets = socket_root(scratch_root)  # None unless TMPDIR is too long for a socket's address
+    settings = Settings(cell_timeout=args.timeout, notebook_timeout=args.notebook_timeout,
+                        memory_bytes=memory, threads=max(1, cores() // workers), sandbox=mode,
+                        scratch_root=scratch_root, socket_root=sockets, hidden=hidden,
+                        seed=secrets.randbits(30))  # the re-check's seeds: one fresh draw per batch
+    start = time.monotonic()
+    become_subreaper()
+    try:
+        rows = grade_all(paths, settings, workers, contents) if paths else []
+    finally:  # here, not in the workers: a worker killed mid-run removes nothing
+        shutil.rmtree(scratch_root, ignore_errors=True)
+        if sockets:
+            shutil.rmtree(sockets, ignore_errors=True)
+    graded = sum(r.status == "graded" for r in rows)
+    print(f"grade: {len(rows)} submissions ({graded} graded cleanly) in {time.monotonic() - start:.0f} s on "
+          f"{workers} worker(s), sandbox {mode}")
+    for written in write_outputs(args.out, rows, lessons, line, platform, shard, [p.stem for p in everyone]):
+        print(f"grade: {written}", flush=True)
+    return 0
+
+
+def write_outputs(out: Path, rows: list[Graded], lessons: dict, sandbox: str, platform: platforms.Platform,
+                  shard: tuple[int, int] | None, class_stems: list[str]) -> list[str]:
+    """Every file of a run (a shard writes no platform files and no roster lists: it holds only
+    part of the class; the merge writes them); returns the log's lines. ``merge`` calls it too."""
+    write_rows(out, rows, class_stems, shard, sandbox, platform.record())
+    matched = None if shard else platforms.roster_match(platform, rows)
+    key = platform.roster.key if platform.roster else ""
+    write_all(out, rows, lessons, sandbox=sandbox, points=platform.points, matched=matched, key=key)
+    lines = platforms.roster_lines(matched, key)
+    written = ["grades.csv", "grades_NN.csv", "report.html", "feedback/", "rows.json"]
+    if shard:
+        lines.append(f"shard {shard[0]}/{shard[1]}: platform files and roster lists are written by "
+                     "python -m course_lib.grading.merge --out DIR SHARD_DIR...")
+    else:
+        written += platforms.write_platform(out, rows, lessons, platform, matched)
+    lines.append(f"wrote {out}/: " + ", ".join(written))
+    return lines
+
+
+def _holds_course(folder: Path) -> bool:
+    """True if hiding ``folder`` would hide the course or Python itself from the kernel."""
+    needed = [Path(__file__).resolve().parents[1], Path(sys.prefix).resolve(), Path(sys.executable).resolve()]
+    return any(folder == p or folder in p.parents for p in needed)

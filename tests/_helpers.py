@@ -5,9 +5,13 @@ A test module gets the seeding fixture with `from _helpers import seeded  # noqa
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 import torch
 from torch import nn
+
+from course_lib.solutions import solution_source
 
 ATOL = 1e-5  # the issue's bound on max |ours - PyTorch|
 
@@ -60,3 +64,23 @@ def assert_checkers_keep_random_state(pairs) -> None:
         after = torch.rand(3)
         torch.manual_seed(123)
         assert torch.equal(after, torch.rand(3)), check.__name__
+
+
+def solution_namespace(key: str) -> dict:
+    """The names the solution block ``key`` ("NN.name") defines, run with the header imports of its
+    lesson's solution file (course_lib/solutions/lessonNN.py), as the solutions run pastes it."""
+    module = importlib.import_module(f"course_lib.solutions.lesson{key.split('.')[0]}")
+    namespace: dict = dict(vars(module))
+    exec(solution_source(key), namespace)  # noqa: S102  (our own solution file)
+    return namespace
+
+
+def as_library(fn, module: str):
+    """``fn`` re-created as if defined in ``module`` (its calls then look like that library's): a
+    learner's code that calls a library under the hood."""
+    namespace = {"__name__": module}
+    exec(f"def {fn.__name__}(*args):\n    return _impl(*args)\n", namespace)  # noqa: S102
+    namespace["_impl"] = fn
+    impostor = namespace[fn.__name__]
+    impostor.__module__ = module
+    return impostor

@@ -2,23 +2,13 @@
 
 from __future__ import annotations
 
-import importlib
 
 import pytest
 import torch
-from _helpers import passes
+from _helpers import passes, solution_namespace
 
 from course_lib.checks import check_cached_self_attention, check_decoder_work, check_top_p_filter
 from course_lib.checks import CheckFailure
-from course_lib.solutions import solution_source
-
-
-def _solution(key: str) -> dict:
-    """The names a solution block defines (run with the solution file's header imports)."""
-    module = importlib.import_module("course_lib.solutions.lesson07")
-    namespace: dict = dict(vars(module))
-    exec(solution_source(key), namespace)  # noqa: S102  (our own solution file)
-    return namespace
 
 
 # ----------------------------------------------------------------------------------------------
@@ -27,7 +17,7 @@ def _solution(key: str) -> dict:
 
 
 def test_decoder_work_right(capsys):
-    assert passes(check_decoder_work, _solution("07.decoder_work")["predicted_decoder_work"])
+    assert passes(check_decoder_work, solution_namespace("07.decoder_work")["predicted_decoder_work"])
     assert "right, 210 positions" in capsys.readouterr().out
 
 
@@ -70,7 +60,7 @@ def test_decoder_work_stub(capsys):
 
 def test_cached_attention_solution_passes(capsys):
     assert passes(
-        check_cached_self_attention, _solution("07.cached_attention")["cached_self_attention_step"]
+        check_cached_self_attention, solution_namespace("07.cached_attention")["cached_self_attention_step"]
     )
     assert "all 2 cases match" in capsys.readouterr().out
 
@@ -134,7 +124,7 @@ def test_cached_attention_stub(capsys):
 
 
 def test_top_p_solution_passes(capsys):
-    assert passes(check_top_p_filter, _solution("07.top_p")["my_top_p_filter"])
+    assert passes(check_top_p_filter, solution_namespace("07.top_p")["my_top_p_filter"])
     assert "all 7 cases match" in capsys.readouterr().out
 
 
@@ -185,7 +175,7 @@ def test_top_p_empty_row_is_caught():
 
 
 def test_top_p_in_place_is_caught():
-    solution = _solution("07.top_p")["my_top_p_filter"]
+    solution = solution_namespace("07.top_p")["my_top_p_filter"]
 
     def top_p(logits, p):
         out = solution(logits, p)
@@ -382,7 +372,7 @@ def test_top_p_unsorted_cumsum_is_named():
 
 
 def test_top_p_output_format_mistakes_are_named():
-    solution = _solution("07.top_p")["my_top_p_filter"]
+    solution = solution_namespace("07.top_p")["my_top_p_filter"]
 
     def zero_fill(logits, p):
         out = solution(logits, p)

@@ -3,24 +3,14 @@ styles pass, each named mistake is caught."""
 
 from __future__ import annotations
 
-import importlib
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
-from _helpers import passes
+from _helpers import passes, solution_namespace
 
 from course_lib.checks import CheckFailure, check_attention_port, check_generate, check_gpt_forward
-from course_lib.solutions import solution_source
-
-
-def _solution(key: str) -> dict:
-    """The names a solution block defines (run with the solution file's header imports)."""
-    module = importlib.import_module("course_lib.solutions.lesson09")
-    namespace: dict = dict(vars(module))
-    exec(solution_source(key), namespace)  # noqa: S102  (our own solution file)
-    return namespace
 
 
 # ----------------------------------------------------------------------------------------------
@@ -262,9 +252,9 @@ def test_decorated_solutions_pass(decorator):
     generate = decorator(_gen())
     assert passes(check_generate, generate)
     assert passes(check_generate, decorator(_topk_gather()))
-    port = _solution("09.port_attention")["port_attention"]
+    port = solution_namespace("09.port_attention")["port_attention"]
     assert passes(check_attention_port, decorator(port))
-    forward = _solution("09.gpt_forward")["my_gpt_forward"]
+    forward = solution_namespace("09.gpt_forward")["my_gpt_forward"]
     assert passes(check_gpt_forward, torch.no_grad()(forward))
 
 

@@ -3,13 +3,12 @@ several styles pass, each named mistake is caught."""
 
 from __future__ import annotations
 
-import importlib
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
-from _helpers import assert_checkers_keep_random_state, passes
+from _helpers import assert_checkers_keep_random_state, passes, solution_namespace
 
 from course_lib import causal_mask
 from course_lib.checks import (
@@ -17,15 +16,7 @@ from course_lib.checks import (
     check_lm_loss, check_lm_train,
 )
 from course_lib.gpt import GPT
-from course_lib.solutions import predicted_answer, solution_source
-
-
-def _solution(key: str) -> dict:
-    """The names a solution block defines (run with the solution file's header imports)."""
-    module = importlib.import_module("course_lib.solutions.lesson09")
-    namespace: dict = dict(vars(module))
-    exec(solution_source(key), namespace)  # noqa: S102  (our own solution file)
-    return namespace
+from course_lib.solutions import predicted_answer
 
 
 # ----------------------------------------------------------------------------------------------
@@ -34,7 +25,7 @@ def _solution(key: str) -> dict:
 
 
 def test_initial_loss_solution_passes(capsys):
-    assert passes(check_initial_loss, _solution("09.initial_loss")["predicted_initial_loss"])
+    assert passes(check_initial_loss, solution_namespace("09.initial_loss")["predicted_initial_loss"])
     out = capsys.readouterr().out
     assert "check_initial_loss: right" in out and "-ln(1/83)" in out
 
@@ -129,7 +120,7 @@ def _forward(mask="causal", final_norm=True, scale=False, positions="T", dropout
 
 
 def test_gpt_forward_solution_passes(capsys):
-    assert passes(check_gpt_forward, _solution("09.gpt_forward")["my_gpt_forward"])
+    assert passes(check_gpt_forward, solution_namespace("09.gpt_forward")["my_gpt_forward"])
     assert "check_gpt_forward: all 4 cases match" in capsys.readouterr().out
 
 
@@ -235,7 +226,7 @@ def test_gpt_forward_one_window_at_a_time_passes_in_training_mode():
 
 
 def test_gpt_forward_float64_output_passes():
-    solution = _solution("09.gpt_forward")["my_gpt_forward"]
+    solution = solution_namespace("09.gpt_forward")["my_gpt_forward"]
     assert passes(check_gpt_forward, lambda model, ids: solution(model, ids).double())
     with pytest.raises(CheckFailure, match="largest difference"):
         check_gpt_forward(lambda model, ids: solution(model, ids).double() + 0.5)
@@ -255,7 +246,7 @@ def test_gpt_forward_final_norm_in_every_layer_is_caught():
 
 
 def test_gpt_forward_unknown_mistake_gets_the_difference():
-    solution = _solution("09.gpt_forward")["my_gpt_forward"]
+    solution = solution_namespace("09.gpt_forward")["my_gpt_forward"]
     with pytest.raises(CheckFailure, match="largest difference"):
         check_gpt_forward(lambda model, ids: solution(model, ids) + 0.5)
 
@@ -318,12 +309,12 @@ def test_gpt_forward_stub(capsys):
 
 
 def test_checkers_leave_the_global_random_state_alone():
-    solutions = [(check_initial_loss, _solution("09.initial_loss")["predicted_initial_loss"]),
+    solutions = [(check_initial_loss, solution_namespace("09.initial_loss")["predicted_initial_loss"]),
                  (check_lm_loss, _loss()),
-                 (check_generate, _solution("09.generate")["my_generate"]),
-                 (check_lm_train, _solution("09.lm_train")["my_lm_train"]),
-                 (check_gpt_forward, _solution("09.gpt_forward")["my_gpt_forward"]),
-                 (check_attention_port, _solution("09.port_attention")["port_attention"])]
+                 (check_generate, solution_namespace("09.generate")["my_generate"]),
+                 (check_lm_train, solution_namespace("09.lm_train")["my_lm_train"]),
+                 (check_gpt_forward, solution_namespace("09.gpt_forward")["my_gpt_forward"]),
+                 (check_attention_port, solution_namespace("09.port_attention")["port_attention"])]
     assert_checkers_keep_random_state(solutions)
 
 

@@ -3,24 +3,14 @@ answers in several styles pass, each named mistake is caught."""
 
 from __future__ import annotations
 
-import importlib
 
 import pytest
 import torch
-from _helpers import passes
+from _helpers import passes, solution_namespace
 from torch import nn
 
 from course_lib.checks import CheckFailure, check_attention_port
 from course_lib.gpt import load_into_hf_gpt2
-from course_lib.solutions import solution_source
-
-
-def _solution(key: str) -> dict:
-    """The names a solution block defines (run with the solution file's header imports)."""
-    module = importlib.import_module("course_lib.solutions.lesson09")
-    namespace: dict = dict(vars(module))
-    exec(solution_source(key), namespace)  # noqa: S102  (our own solution file)
-    return namespace
 
 
 # ----------------------------------------------------------------------------------------------
@@ -51,7 +41,7 @@ def _port(order=("q", "k", "v"), t_attn=(True, True, True), t_proj=True, attn_bi
 
 
 def test_attention_port_solution_passes(capsys):
-    assert passes(check_attention_port, _solution("09.port_attention")["port_attention"])
+    assert passes(check_attention_port, solution_namespace("09.port_attention")["port_attention"])
     assert "check_attention_port: right" in capsys.readouterr().out
 
 
@@ -200,7 +190,7 @@ def test_attention_port_by_data_passes_with_a_note_on_shared_memory(capsys):
     assert "check_attention_port: right" in out
     assert "theirs.c_proj.bias and ours.out_proj.bias" in out and "share their memory" in out
     assert "theirs.c_attn" not in out  # torch.cat made new tensors
-    assert passes(check_attention_port, _solution("09.port_attention")["port_attention"])
+    assert passes(check_attention_port, solution_namespace("09.port_attention")["port_attention"])
     assert "share their memory" not in capsys.readouterr().out
 
 

@@ -3,25 +3,15 @@ answers in several styles pass, each named mistake is caught."""
 
 from __future__ import annotations
 
-import importlib
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
-from _helpers import passes
+from _helpers import passes, solution_namespace
 from torch import nn
 
 from course_lib.checks import CheckFailure, check_lm_train
-from course_lib.solutions import solution_source
-
-
-def _solution(key: str) -> dict:
-    """The names a solution block defines (run with the solution file's header imports)."""
-    module = importlib.import_module("course_lib.solutions.lesson09")
-    namespace: dict = dict(vars(module))
-    exec(solution_source(key), namespace)  # noqa: S102  (our own solution file)
-    return namespace
 
 
 # ----------------------------------------------------------------------------------------------
@@ -97,7 +87,7 @@ def _train(decay="matrices", decay_how="decoupled", warmup="course", cosine="cou
 
 
 def test_lm_train_solution_passes(capsys):
-    assert passes(check_lm_train, _solution("09.lm_train")["my_lm_train"])
+    assert passes(check_lm_train, solution_namespace("09.lm_train")["my_lm_train"])
     assert "check_lm_train: all 2 cases match" in capsys.readouterr().out
 
 

@@ -3,33 +3,13 @@ styles pass, each mistake is observed, then named."""
 
 from __future__ import annotations
 
-import importlib
 
 import numpy as np
 import pytest
 import torch
-from _helpers import passes
+from _helpers import as_library, passes, solution_namespace
 
 from course_lib.checks import CheckFailure, check_merge, lesson10_merge as merge10
-from course_lib.solutions import solution_source
-
-
-def _solution(key: str) -> dict:
-    """The names a solution block defines (run with the solution file's header imports)."""
-    module = importlib.import_module("course_lib.solutions.lesson10")
-    namespace: dict = dict(vars(module))
-    exec(solution_source(key), namespace)  # noqa: S102  (our own solution file)
-    return namespace
-
-
-def _as_library(fn, module: str):
-    """``fn`` re-created as if defined in ``module`` (its calls then look like that library's)."""
-    namespace = {"__name__": module}
-    exec(f"def {fn.__name__}(*args):\n    return _impl(*args)\n", namespace)  # noqa: S102
-    namespace["_impl"] = fn
-    impostor = namespace[fn.__name__]
-    impostor.__module__ = module
-    return impostor
 
 
 # ----------------------------------------------------------------------------------------------
@@ -48,7 +28,7 @@ def _stub_merge(ids, pair, new_id):
 
 
 def test_merge_solution_passes(capsys):
-    assert passes(check_merge, _solution("10.merge")["merge"])
+    assert passes(check_merge, solution_namespace("10.merge")["merge"])
     assert "check_merge: all 14 cases right" in capsys.readouterr().out
 
 
@@ -259,14 +239,14 @@ def test_merge_mistakes_observed_first_then_named(fn, observed, more):
     "fn, words",
     [
         (_in_place, "changed its input list"),
-        (lambda ids, pair, new_id: torch.tensor(_solution("10.merge")["merge"](ids, pair, new_id)),
+        (lambda ids, pair, new_id: torch.tensor(solution_namespace("10.merge")["merge"](ids, pair, new_id)),
          "returns a Tensor"),
         (lambda ids, pair, new_id: np.array(ids), "returns a ndarray"),
         (lambda ids, pair, new_id: None, "returns None"),
         (lambda ids, pair, new_id: (t for t in ids), "a generator"),
         (lambda ids, pair, new_id: [new_id if t == pair[0] else None for t in ids], "no None"),
         (lambda ids, pair, new_id: [t + 1 for t in ids], "None of the usual mistakes"),
-        (lambda ids, pair, new_id: (ids[0], _solution("10.merge")["merge"](ids, pair, new_id))[1],
+        (lambda ids, pair, new_id: (ids[0], solution_namespace("10.merge")["merge"](ids, pair, new_id))[1],
          "Your code raised IndexError \\(an empty list"),
     ],
 )
@@ -276,10 +256,10 @@ def test_merge_mistakes(fn, words):
 
 
 def test_merge_refuses_course_lib_and_libraries():
-    solution = _solution("10.merge")["merge"]
+    solution = solution_namespace("10.merge")["merge"]
     with pytest.raises(CheckFailure, match="course_lib's own code"):
-        check_merge(_as_library(solution, "course_lib.tokenization"))
-    library_merge = _as_library(solution, "course_lib.tokenization")
+        check_merge(as_library(solution, "course_lib.tokenization"))
+    library_merge = as_library(solution, "course_lib.tokenization")
 
     def merge(ids, pair, new_id):
         return library_merge(ids, pair, new_id)

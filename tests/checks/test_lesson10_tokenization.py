@@ -3,33 +3,14 @@
 
 from __future__ import annotations
 
-import importlib
 import shutil
 
 import numpy as np
 import pytest
-from _helpers import passes
+from _helpers import as_library, passes, solution_namespace
 
 from course_lib.checks import CheckFailure, check_token_counts, lesson10_tokenization as tokens10
-from course_lib.solutions import predicted_answer, solution_source
-
-
-def _solution(key: str) -> dict:
-    """The names a solution block defines (run with the solution file's header imports)."""
-    module = importlib.import_module("course_lib.solutions.lesson10")
-    namespace: dict = dict(vars(module))
-    exec(solution_source(key), namespace)  # noqa: S102  (our own solution file)
-    return namespace
-
-
-def _as_library(fn, module: str):
-    """``fn`` re-created as if defined in ``module`` (its calls then look like that library's)."""
-    namespace = {"__name__": module}
-    exec(f"def {fn.__name__}(*args):\n    return _impl(*args)\n", namespace)  # noqa: S102
-    namespace["_impl"] = fn
-    impostor = namespace[fn.__name__]
-    impostor.__module__ = module
-    return impostor
+from course_lib.solutions import predicted_answer
 
 
 # ----------------------------------------------------------------------------------------------
@@ -57,7 +38,7 @@ def test_true_counts_are_tiktokens():
 
 
 def test_token_counts_solution_passes(capsys):
-    assert passes(check_token_counts, _solution("10.token_counts")["predicted_token_counts"])
+    assert passes(check_token_counts, solution_namespace("10.token_counts")["predicted_token_counts"])
     out = capsys.readouterr().out
     assert "check_token_counts: right" in out
     assert "' ' ' ' ' ind' 'ented'" in out and "'HE' 'LL' 'O' ' WORLD'" in out
@@ -137,7 +118,7 @@ def test_token_counts_computed_with_a_tokenizer_is_refused():
     def encode(text):
         return RIGHT[text]
 
-    count = _as_library(encode, "tiktoken.core")
+    count = as_library(encode, "tiktoken.core")
 
     def predicted_token_counts():
         return {s: count(s) for s in RIGHT}

@@ -3,34 +3,14 @@ several styles pass (in time), each mistake is named."""
 
 from __future__ import annotations
 
-import importlib
 
 import numpy as np
 import pytest
-from _helpers import passes
+from _helpers import as_library, passes, solution_namespace
 
 from course_lib.checks import (
     CheckFailure, check_train_bpe, lesson10_tokenization as tokens10, lesson10_train_bpe as train10,
 )
-from course_lib.solutions import solution_source
-
-
-def _solution(key: str) -> dict:
-    """The names a solution block defines (run with the solution file's header imports)."""
-    module = importlib.import_module("course_lib.solutions.lesson10")
-    namespace: dict = dict(vars(module))
-    exec(solution_source(key), namespace)  # noqa: S102  (our own solution file)
-    return namespace
-
-
-def _as_library(fn, module: str):
-    """``fn`` re-created as if defined in ``module`` (its calls then look like that library's)."""
-    namespace = {"__name__": module}
-    exec(f"def {fn.__name__}(*args):\n    return _impl(*args)\n", namespace)  # noqa: S102
-    namespace["_impl"] = fn
-    impostor = namespace[fn.__name__]
-    impostor.__module__ = module
-    return impostor
 
 
 # ----------------------------------------------------------------------------------------------
@@ -220,7 +200,7 @@ def tenth_of_the_text(monkeypatch):
 
 def test_train_bpe_solution_passes(capsys):
     """The solution, on the checker's real megabyte and 1,000 merges, within its CPU budget."""
-    assert passes(check_train_bpe, _solution("10.train_bpe")["train_bpe"])
+    assert passes(check_train_bpe, solution_namespace("10.train_bpe")["train_bpe"])
     out = capsys.readouterr().out
     assert "check_train_bpe: all 8 texts" in out and "1,000 merges on a megabyte" in out
 
@@ -267,7 +247,7 @@ def test_train_bpe_cpu_budget_is_cpu_time_not_wall_time(tenth_of_the_text, monke
     """Sleeping (another program's turn on a busy machine) does not count against the budget."""
     import time
 
-    solution = _solution("10.train_bpe")["train_bpe"]
+    solution = solution_namespace("10.train_bpe")["train_bpe"]
 
     def train_bpe(text, num_merges):
         if len(text) > 100_000:
@@ -364,7 +344,7 @@ def test_train_bpe_stale_counts_are_named_with_the_true_counts():
 
 def test_train_bpe_stopping_early_is_named_with_the_count():
     def train_bpe(text, num_merges):  # stops 10 merges early on the longer text
-        merges = _solution("10.train_bpe")["train_bpe"](text, num_merges)
+        merges = solution_namespace("10.train_bpe")["train_bpe"](text, num_merges)
         return dict(list(merges.items())[:50]) if num_merges == 60 else merges
 
     with pytest.raises(CheckFailure, match="You stop after 50 merges, but then .*, which occurs "
@@ -401,7 +381,7 @@ def test_train_bpe_one_merge_too_many_is_named():
 
 def test_train_bpe_wrong_merges_on_the_plays_only(tenth_of_the_text):
     """Right on the small texts, one merge changed on the plays: where, and what to look at."""
-    solution = _solution("10.train_bpe")["train_bpe"]
+    solution = solution_namespace("10.train_bpe")["train_bpe"]
 
     def train_bpe(text, num_merges):
         merges = solution(text, num_merges)
@@ -522,7 +502,7 @@ def test_train_bpe_refuses_course_libs_trainer_kindly():
     with pytest.raises(CheckFailure, match="`_train_incremental`"):
         check_train_bpe(with_the_inner_trainer)
     with pytest.raises(CheckFailure, match="course_lib's own code"):
-        check_train_bpe(_as_library(with_the_trainer, "course_lib.tokenization"))
+        check_train_bpe(as_library(with_the_trainer, "course_lib.tokenization"))
 
 
 def test_train_bpe_endless_loop_is_stopped(monkeypatch):
@@ -540,7 +520,7 @@ def test_train_bpe_without_the_plays_says_what_to_run(monkeypatch, tmp_path):
     monkeypatch.setenv("COURSE_DATA_DIR", str(tmp_path))
     monkeypatch.setattr(train10, "_speed_plays", train10._speed_plays.__wrapped__)
     with pytest.raises(CheckFailure, match="python -m course_lib.data fetch"):
-        check_train_bpe(_solution("10.train_bpe")["train_bpe"])
+        check_train_bpe(solution_namespace("10.train_bpe")["train_bpe"])
 
 
 def test_train_bpe_stub(capsys):

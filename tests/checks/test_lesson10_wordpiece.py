@@ -3,31 +3,11 @@ pass, each mistake is named, an endless loop is stopped."""
 
 from __future__ import annotations
 
-import importlib
 
 import pytest
-from _helpers import passes
+from _helpers import as_library, passes, solution_namespace
 
 from course_lib.checks import CheckFailure, check_wordpiece, lesson10_wordpiece as wordpiece10
-from course_lib.solutions import solution_source
-
-
-def _solution(key: str) -> dict:
-    """The names a solution block defines (run with the solution file's header imports)."""
-    module = importlib.import_module("course_lib.solutions.lesson10")
-    namespace: dict = dict(vars(module))
-    exec(solution_source(key), namespace)  # noqa: S102  (our own solution file)
-    return namespace
-
-
-def _as_library(fn, module: str):
-    """``fn`` re-created as if defined in ``module`` (its calls then look like that library's)."""
-    namespace = {"__name__": module}
-    exec(f"def {fn.__name__}(*args):\n    return _impl(*args)\n", namespace)  # noqa: S102
-    namespace["_impl"] = fn
-    impostor = namespace[fn.__name__]
-    impostor.__module__ = module
-    return impostor
 
 
 # ----------------------------------------------------------------------------------------------
@@ -45,7 +25,7 @@ def test_wordpiece_reference_equals_minilm_tokenizer():
 
 
 def test_wordpiece_solution_passes(capsys):
-    assert passes(check_wordpiece, _solution("10.wordpiece")["wordpiece"])
+    assert passes(check_wordpiece, solution_namespace("10.wordpiece")["wordpiece"])
     assert "check_wordpiece: all 23 words" in capsys.readouterr().out
 
 
@@ -178,9 +158,9 @@ def test_wordpiece_refuses_hugging_face_and_course_lib():
     with pytest.raises(CheckFailure, match="calls `tokenizers`"):
         check_wordpiece(wordpiece_rust)
 
-    solution = _solution("10.wordpiece")["wordpiece"]
+    solution = solution_namespace("10.wordpiece")["wordpiece"]
     with pytest.raises(CheckFailure, match="course_lib's own code"):
-        check_wordpiece(_as_library(solution, "course_lib.tokenization"))
+        check_wordpiece(as_library(solution, "course_lib.tokenization"))
 
 
 def test_wordpiece_stub(capsys):

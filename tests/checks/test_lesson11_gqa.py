@@ -3,14 +3,13 @@
 
 from __future__ import annotations
 
-import importlib
 import math
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from _helpers import passes
+from _helpers import passes, solution_namespace
 
 from course_lib import MultiHeadAttention, scaled_dot_product_attention
 from course_lib.checks import CheckFailure, check_gqa, check_kv_bytes
@@ -19,15 +18,7 @@ from course_lib.checks.lesson11_gqa import (
 )
 from course_lib.gpt import GPT
 from course_lib.modern import kv_cache_bytes
-from course_lib.solutions import predicted_answer, solution_source
-
-
-def _solution(key: str) -> dict:
-    """The names a solution block defines (run with the solution file's header imports)."""
-    module = importlib.import_module("course_lib.solutions.lesson11")
-    namespace: dict = dict(vars(module))
-    exec(solution_source(key), namespace)  # noqa: S102  (our own solution file)
-    return namespace
+from course_lib.solutions import predicted_answer
 
 
 # ----------------------------------------------------------------------------------------------
@@ -40,7 +31,7 @@ RIGHT = kv_cache_bytes(KV_CONFIG.num_layers, KV_CONFIG.num_kv_heads, KV_CONFIG.h
 
 
 def test_kv_bytes_solution_passes(capsys):
-    assert passes(check_kv_bytes, _solution("11.kv_bytes")["predicted_kv_bytes"])
+    assert passes(check_kv_bytes, solution_namespace("11.kv_bytes")["predicted_kv_bytes"])
     assert "check_kv_bytes: right" in capsys.readouterr().out
 
 
@@ -170,7 +161,7 @@ def _gqa(pairing="interleave", scale="sqrt", mask_mode="normal", softmax_dim=-1)
 
 
 def test_gqa_solution_passes(capsys):
-    assert passes(check_gqa, _solution("11.gqa")["grouped_query_attention"])
+    assert passes(check_gqa, solution_namespace("11.gqa")["grouped_query_attention"])
     assert "check_gqa: all 5 cases match" in capsys.readouterr().out
 
 

@@ -4,13 +4,12 @@ answers accepted): right answers pass, each named mistake is caught."""
 
 from __future__ import annotations
 
-import importlib
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
-from _helpers import assert_checkers_keep_random_state, passes
+from _helpers import assert_checkers_keep_random_state, passes, solution_namespace
 from torch import nn
 
 from course_lib.checks import (
@@ -21,32 +20,24 @@ from course_lib.modern import RMSNorm, swiglu_d_ff
 from course_lib.solutions import solution_source
 
 
-def _solution(key: str) -> dict:
-    """The names a solution block defines (run with the solution file's header imports)."""
-    module = importlib.import_module("course_lib.solutions.lesson11")
-    namespace: dict = dict(vars(module))
-    exec(solution_source(key), namespace)  # noqa: S102  (our own solution file)
-    return namespace
-
-
 # ----------------------------------------------------------------------------------------------
 # every lesson-11 checker: the random state kept, the reference named in the generic message
 # ----------------------------------------------------------------------------------------------
 
 
 def test_checkers_leave_the_global_random_state_alone():
-    solutions = [(check_kv_bytes, _solution("11.kv_bytes")["predicted_kv_bytes"]),
-                 (check_rope_layout, _solution("11.rope_layout")["apply_rotary_fixed"]),
-                 (check_gqa, _solution("11.gqa")["grouped_query_attention"])]
+    solutions = [(check_kv_bytes, solution_namespace("11.kv_bytes")["predicted_kv_bytes"]),
+                 (check_rope_layout, solution_namespace("11.rope_layout")["apply_rotary_fixed"]),
+                 (check_gqa, solution_namespace("11.gqa")["grouped_query_attention"])]
     assert_checkers_keep_random_state(solutions)
 
 
 def test_unknown_mistakes_get_the_difference_and_the_reference():
-    rope = _solution("11.rope_layout")["apply_rotary_fixed"]
+    rope = solution_namespace("11.rope_layout")["apply_rotary_fixed"]
     with pytest.raises(CheckFailure,
                        match="differs from Hugging Face's apply_rotary_pos_emb .*largest difference"):
         check_rope_layout(lambda x, cos, sin: rope(x, cos, sin) * 2)
-    gqa = _solution("11.gqa")["grouped_query_attention"]
+    gqa = solution_namespace("11.gqa")["grouped_query_attention"]
     with pytest.raises(CheckFailure,
                        match="differs from F.scaled_dot_product_attention.*largest difference"):
         check_gqa(lambda q, k, v, mask=None: gqa(q, k, v, mask) * 2)
@@ -108,7 +99,7 @@ def _rms_norm_fn(x, w, eps):  # through the vector norm
 
 
 def test_rmsnorm_solution_passes(capsys):
-    assert passes(check_rmsnorm, _solution("11.rmsnorm")["MyRMSNorm"])
+    assert passes(check_rmsnorm, solution_namespace("11.rmsnorm")["MyRMSNorm"])
     assert "check_rmsnorm: right" in capsys.readouterr().out
 
 
@@ -250,7 +241,7 @@ def _swiglu(width=lambda d: round(8 * d / 3), wiring=None, bias=False, names=("g
 
 
 def test_swiglu_solution_passes(capsys):
-    assert passes(check_swiglu, _solution("11.swiglu")["MySwiGLU"])
+    assert passes(check_swiglu, solution_namespace("11.swiglu")["MySwiGLU"])
     assert "check_swiglu: right" in capsys.readouterr().out
 
 
@@ -299,7 +290,7 @@ def test_swiglu_refuses_the_sizing_function():
 
 
 def _decode_solution():
-    namespace = _solution("11.apply_rope")
+    namespace = solution_namespace("11.apply_rope")
     exec(solution_source("11.gqa"), namespace)  # noqa: S102
     namespace["rope_at"], namespace["attend"] = namespace["apply_rope"], namespace["grouped_query_attention"]
     exec(solution_source("11.rope_decode"), namespace)  # noqa: S102
@@ -314,8 +305,8 @@ def _decode_solution():
 def test_new_checkers_leave_the_global_random_state_alone():
     ns = _decode_solution()
     assert_checkers_keep_random_state([
-        (check_rmsnorm, _solution("11.rmsnorm")["MyRMSNorm"]),
-        (check_swiglu, _solution("11.swiglu")["MySwiGLU"]),
+        (check_rmsnorm, solution_namespace("11.rmsnorm")["MyRMSNorm"]),
+        (check_swiglu, solution_namespace("11.swiglu")["MySwiGLU"]),
         (check_apply_rope, ns["apply_rope"]), (check_rope_decode, ns["rope_decode_step"])])
 
 
@@ -403,13 +394,13 @@ def test_every_lesson_11_checker_accepts_decorated_solutions(decorator):
 
     ns = _decode_solution()
     for check, answer in [
-        (check_kv_bytes, decorated(_solution("11.kv_bytes")["predicted_kv_bytes"])),
-        (check_rope_layout, decorated(_solution("11.rope_layout")["apply_rotary_fixed"])),
-        (check_gqa, decorated(_solution("11.gqa")["grouped_query_attention"])),
+        (check_kv_bytes, decorated(solution_namespace("11.kv_bytes")["predicted_kv_bytes"])),
+        (check_rope_layout, decorated(solution_namespace("11.rope_layout")["apply_rotary_fixed"])),
+        (check_gqa, decorated(solution_namespace("11.gqa")["grouped_query_attention"])),
         (check_apply_rope, decorated(ns["apply_rope"])),
         (check_rope_decode, decorated(ns["rope_decode_step"])),
-        (check_rmsnorm, decorated_forward(_solution("11.rmsnorm")["MyRMSNorm"])),
-        (check_swiglu, decorated_forward(_solution("11.swiglu")["MySwiGLU"])),
+        (check_rmsnorm, decorated_forward(solution_namespace("11.rmsnorm")["MyRMSNorm"])),
+        (check_swiglu, decorated_forward(solution_namespace("11.swiglu")["MySwiGLU"])),
     ]:
         assert passes(check, answer), check.__name__
 

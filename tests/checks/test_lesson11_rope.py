@@ -3,24 +3,14 @@ answers pass, each named mistake is caught."""
 
 from __future__ import annotations
 
-import importlib
 import math
 
 import pytest
 import torch
-from _helpers import passes
+from _helpers import passes, solution_namespace
 
 from course_lib.checks import CheckFailure, check_apply_rope, check_rope_layout
 from course_lib.rope import apply_rotary, rotate_half
-from course_lib.solutions import solution_source
-
-
-def _solution(key: str) -> dict:
-    """The names a solution block defines (run with the solution file's header imports)."""
-    module = importlib.import_module("course_lib.solutions.lesson11")
-    namespace: dict = dict(vars(module))
-    exec(solution_source(key), namespace)  # noqa: S102  (our own solution file)
-    return namespace
 
 
 # ----------------------------------------------------------------------------------------------
@@ -62,7 +52,7 @@ def _rope(first="-x2", second="x1", split="halves", swap=False, unrotated=True, 
 
 
 def test_rope_solution_passes(capsys):
-    assert passes(check_rope_layout, _solution("11.rope_layout")["apply_rotary_fixed"])
+    assert passes(check_rope_layout, solution_namespace("11.rope_layout")["apply_rotary_fixed"])
     assert "check_rope_layout: right" in capsys.readouterr().out
 
 
@@ -103,7 +93,7 @@ def test_rope_the_broken_function_is_named():
 def test_rope_layout_first_message_says_what_is_observed_not_the_fix():
     """Issue 38: the untouched stub (raise removed) is told what its numbers show, not the fix;
     a second failed attempt gets one more look, and the fix stays behind show_solution."""
-    check_rope_layout(_solution("11.rope_layout")["apply_rotary_fixed"])  # a clean count
+    check_rope_layout(solution_namespace("11.rope_layout")["apply_rotary_fixed"])  # a clean count
     messages = []
     for _ in range(2):
         with pytest.raises(CheckFailure) as failure:
@@ -248,7 +238,7 @@ def test_rope_checker_tables_are_hugging_faces():
 
 
 def test_rope_layout_float64_answers_are_compared_not_refused():
-    right = _solution("11.rope_layout")["apply_rotary_fixed"]
+    right = solution_namespace("11.rope_layout")["apply_rotary_fixed"]
     assert passes(check_rope_layout, lambda x, c, s: right(x.double(), c.double(), s.double()))
     with pytest.raises(CheckFailure, match="the port's, unchanged"):
         check_rope_layout(lambda x, c, s: apply_rotary_ported(x.double(), c.double(), s.double()))
@@ -290,7 +280,7 @@ def _rope_by_rotate_half_float32(x, positions, base=10000.0):
 
 
 def test_apply_rope_solution_passes(capsys):
-    assert passes(check_apply_rope, _solution("11.apply_rope")["apply_rope"])
+    assert passes(check_apply_rope, solution_namespace("11.apply_rope")["apply_rope"])
     assert "check_apply_rope: right" in capsys.readouterr().out
 
 
@@ -304,7 +294,7 @@ def _rope_by_einsum(x, positions, base=10000.0):
 
 
 def _rope_decorated(decorator):
-    right = _solution("11.apply_rope")["apply_rope"]
+    right = solution_namespace("11.apply_rope")["apply_rope"]
 
     @decorator
     def apply_rope(x, positions, base=10000.0):
@@ -415,7 +405,7 @@ def test_apply_rope_refuses_the_library():
 
 def _rope_unpacks_4_dims(x, positions, base=10000.0):
     B, h, L, hd = x.shape  # only right when x has a heads dim
-    return _solution("11.apply_rope")["apply_rope"](x, positions, base)
+    return solution_namespace("11.apply_rope")["apply_rope"](x, positions, base)
 
 
 @pytest.mark.parametrize("fn, words", [

@@ -3,25 +3,16 @@
 
 from __future__ import annotations
 
-import importlib
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
-from _helpers import passes
+from _helpers import passes, solution_namespace
 
 from course_lib.checks import CheckFailure, check_rope_decode
 from course_lib.rope import RotaryEmbedding
 from course_lib.solutions import solution_source
-
-
-def _solution(key: str) -> dict:
-    """The names a solution block defines (run with the solution file's header imports)."""
-    module = importlib.import_module("course_lib.solutions.lesson11")
-    namespace: dict = dict(vars(module))
-    exec(solution_source(key), namespace)  # noqa: S102  (our own solution file)
-    return namespace
 
 
 # ----------------------------------------------------------------------------------------------
@@ -30,7 +21,7 @@ def _solution(key: str) -> dict:
 
 
 def _decode_solution():
-    namespace = _solution("11.apply_rope")
+    namespace = solution_namespace("11.apply_rope")
     exec(solution_source("11.gqa"), namespace)  # noqa: S102
     namespace["rope_at"], namespace["attend"] = namespace["apply_rope"], namespace["grouped_query_attention"]
     exec(solution_source("11.rope_decode"), namespace)  # noqa: S102

@@ -3,14 +3,13 @@ refused, a hang is stopped, and no process the checkers start is left running.""
 
 from __future__ import annotations
 
-import importlib
 
 import psutil
 import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from _helpers import assert_checkers_keep_random_state, passes
+from _helpers import assert_checkers_keep_random_state, passes, solution_namespace
 from torch import nn
 
 import course_lib.checks.lesson14_distributed as checks_distributed
@@ -21,13 +20,6 @@ from course_lib.checks import (
 from course_lib.checks import CheckFailure
 from course_lib.gpt import lm_loss
 from course_lib.parallel import ParallelMLP, accumulate_gradients, average_gradients
-from course_lib.solutions import solution_source
-
-def _solution(key: str) -> dict:
-    module = importlib.import_module("course_lib.solutions.lesson14")
-    namespace: dict = dict(vars(module))
-    exec(solution_source(key), namespace)  # noqa: S102  (our own solution file)
-    return namespace
 
 
 @pytest.fixture(autouse=True)
@@ -39,7 +31,7 @@ def no_process_left():
 # --- gradient accumulation ----------------------------------------------------------------------
 
 def test_accumulation_solution_passes():
-    assert passes(check_accumulation, _solution("14.accumulate")["my_accumulate"])
+    assert passes(check_accumulation, solution_namespace("14.accumulate")["my_accumulate"])
 
 
 def _no_division(model, x, y, k):
@@ -83,7 +75,7 @@ def test_accumulation_refuses_course_lib():
 # --- data parallel by hand ----------------------------------------------------------------------
 
 def test_average_gradients_solution_passes():
-    assert passes(check_average_gradients, _solution("14.average_gradients")["my_average_gradients"])
+    assert passes(check_average_gradients, solution_namespace("14.average_gradients")["my_average_gradients"])
     assert passes(check_average_gradients, _avg_op)
 
 
@@ -174,7 +166,7 @@ def test_a_rank_that_never_ends_is_stopped(monkeypatch):
 # --- ZeRO-1's bytes (Predict) -------------------------------------------------------------------
 
 def test_zero1_prediction_passes_and_mistakes_are_named():
-    assert passes(check_zero1_bytes, _solution("14.zero1_bytes")["predicted_zero1_bytes"])
+    assert passes(check_zero1_bytes, solution_namespace("14.zero1_bytes")["predicted_zero1_bytes"])
     n = checks_distributed.LESSON_GPT_PARAMETERS
     for wrong, words in ((8 * n, "whole state"), (2 * n, "TWO numbers"), (n, "number of parameters"),
                          (n, "number of parameters"), (12 * n // 2, "weights themselves"),
@@ -192,7 +184,7 @@ def test_zero1_prediction_passes_and_mistakes_are_named():
 # --- Debug: one seed per rank -------------------------------------------------------------------
 
 def test_seeded_replicas_fix_passes():
-    assert passes(check_seeded_replicas, _solution("14.seeded_replicas")["train_by_hand"])
+    assert passes(check_seeded_replicas, solution_namespace("14.seeded_replicas")["train_by_hand"])
 
 
 def _buggy_train_by_hand(rank, world_size, batches):
@@ -238,13 +230,13 @@ def test_seeded_replicas_bug_is_observed_not_fixed():
 # --- ★★★ Megatron's MLP ---------------------------------------------------------------------
 
 def test_parallel_mlp_solution_passes():
-    assert passes(check_parallel_mlp, _solution("14.parallel_mlp")["MyParallelMLP"])
+    assert passes(check_parallel_mlp, solution_namespace("14.parallel_mlp")["MyParallelMLP"])
 
 
 class _TransposedShards(nn.Module):  # Megatron's own layout: (in, out/N) matrices; another style
     def __init__(self, dense, rank, world_size):
         super().__init__()
-        ns = _solution("14.parallel_mlp")
+        ns = solution_namespace("14.parallel_mlp")
         self.f, self.g = ns["CopyToRanks"], ns["SumOverRanks"]
         self.a = nn.Parameter(dense.linear1.weight.detach().T.chunk(world_size, 1)[rank].clone())
         self.a_bias = nn.Parameter(dense.linear1.bias.detach().chunk(world_size)[rank].clone())
@@ -267,7 +259,7 @@ def _variant(bias_before=False, reduce_forward=True, f_backward=True, g_backward
             self.act = dense.activation
 
         def forward(self, x):
-            ns = _solution("14.parallel_mlp")
+            ns = solution_namespace("14.parallel_mlp")
             f, g = ns["CopyToRanks"], ns["SumOverRanks"]
             x_in = f.apply(x) if f_backward else x
             partial = F.linear(self.act(F.linear(x_in, self.w1, self.b1)), self.w2)
@@ -327,6 +319,6 @@ def test_parallel_mlp_refuses_course_lib():
 
 def test_checkers_keep_random_state():
     assert_checkers_keep_random_state([
-        (check_accumulation, _solution("14.accumulate")["my_accumulate"]),
-        (check_average_gradients, _solution("14.average_gradients")["my_average_gradients"]),
+        (check_accumulation, solution_namespace("14.accumulate")["my_accumulate"]),
+        (check_average_gradients, solution_namespace("14.average_gradients")["my_average_gradients"]),
     ])

@@ -12,11 +12,17 @@ What the house rule asks (whatever starts processes ends them, even when somethi
   temporary folder, instead of a TCP store on a port. (Gloo's own connections between the ranks are
   sockets of the worker processes; they close when the processes end.)
 - **Every process ends.** The parent waits at most ``timeout`` seconds; when a rank fails, the others
-  are stopped at once rather than left waiting in a collective that will never complete; and a
-  ``finally`` terminates (then kills) every child still alive, whatever happened: an error, a time
-  limit, the learner pressing stop. The temporary folder is removed.
+  get at most ``SETTLE_SECONDS`` (5 s) to end too (a rank waiting for the failed one in a collective
+  fails within milliseconds), then are stopped rather than left waiting in a collective that will
+  never complete; and a ``finally`` terminates (then kills) every child still alive, whatever
+  happened: an error, a time limit, the learner pressing stop. The temporary folder is removed.
 - **A crashed rank cannot hang the others.** Every collective has a deadline (``init_process_group``'s
   ``timeout``), and the parent's own deadline stops everything in any case.
+- **The cause is reported, whatever order the ranks die in.** When rank 1 raises, rank 0, waiting
+  for it in an ``all_reduce``, fails too ("Connection closed by peer"), and either may end first.
+  The parent waits for every rank's outcome (the bounded wait above), then names a rank that raised
+  an error of its own (or crashed) before a rank that failed only because a peer was gone; among
+  equals, the lowest rank.
 
 **Notebooks.** A function defined in a notebook cannot be pickled, so the ``spawn`` start method
 (a fresh interpreter) cannot import it. On Linux (JupyterLab, Colab) the children are *forked*: they
@@ -46,6 +52,10 @@ import torch
 import torch.distributed as dist
 
 __all__ = ["run_on_ranks", "run_command", "RankFailed", "RanksTimedOut", "default_start_method", "PRELUDE"]
+
+# After the first rank fails: how long the others get to end and report their own outcome before
+# they are stopped (they usually end within milliseconds: a collective with a dead peer fails).
+SETTLE_SECONDS = 5.0
 
 # What a notebook function sees when it is written to a module (the spawn start method).
 PRELUDE = ("import math\nimport torch\nimport torch.distributed as dist\nimport torch.nn.functional as F\n"
@@ -95,9 +105,33 @@ def _worker(fn: Callable[..., Any], rank: int, world_size: int, args: Sequence[A
             os._exit(1)
 
 
+# What a rank's error says when it failed only because a peer had ended: gloo's transport errors
+# ("[.../gloo/transport/tcp/pair.cc:553] Connection closed by peer", "Read error ...: Connection
+# reset by peer", "Broken pipe", "Timed out waiting ... for recv operation"), its connectFullMesh
+# during init_process_group, and the store's time-out when a rank never joined.
+_PEER_GONE = ("by peer", "gloo/transport", "gloo\\transport", "connectfullmesh", "broken pipe",
+              "connection refused", "timed out", "socket timeout")
+
+
 def _peer_gone(error: str) -> bool:
-    """Gloo's error when the rank at the other end of a connection has ended."""
-    return "by peer" in error or "gloo" in error.lower()
+    """The rank failed only because a peer had ended (its connection closed, a collective or the
+    rendezvous timed out), not with an error of its own (a learner's ValueError, or gloo refusing
+    an operation it does not support)."""
+    low = error.lower()
+    return any(words in low for words in _PEER_GONE)
+
+
+def _without_record(exitcode: int) -> str:
+    """What a rank that wrote no record did: a crash, a signal, ``os._exit``."""
+    if exitcode < 0:
+        import signal
+
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        return f"was killed by {name} (a crash, the out-of-memory killer, a C++ abort)"
+    return f"ended with exit code {exitcode} and no Python error (a crash, os._exit, sys.exit)"
 
 
 class _FromSource:
@@ -149,8 +183,10 @@ def run_on_ranks(fn: Callable[..., Any], world_size: int = 2, args: Sequence[Any
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` gloo processes; return their results.
 
     Raises ``RankFailed`` (naming the rank and its error) if a rank raised or died, and
-    ``RanksTimedOut`` if they did not all finish within ``timeout`` seconds. In every case, every
-    process started here has ended when this function returns or raises.
+    ``RanksTimedOut`` if they did not all finish within ``timeout`` seconds. After a failure the
+    others get at most ``SETTLE_SECONDS`` to end; the message's first line names a rank that raised
+    an error of its own (or crashed) before one that failed only because a peer was gone. In every
+    case, every process started here has ended when this function returns or raises.
     """
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"run_on_ranks: world_size must be an int >= 1, got {world_size!r}")
@@ -176,11 +212,18 @@ def run_on_ranks(fn: Callable[..., Any], world_size: int = 2, args: Sequence[Any
             p.start()
             processes.append(p)
         deadline = time.monotonic() + timeout
+        settled = None  # after the first failure: until when the others may still report
         while any(p.is_alive() for p in processes):
-            failed = [p for p in processes if p.exitcode not in (None, 0)]
-            if failed:
-                break  # the others would wait for the failed rank in a collective: stop them
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if settled is None and any(p.exitcode not in (None, 0) for p in processes):
+                # The others may be failing because of it (a collective with a dead peer), or on
+                # their own: wait for their outcomes (bounded), so that the cause is named, not the
+                # rank that happened to end first.
+                settled = now + SETTLE_SECONDS
+            if settled is not None:
+                if now > settled:
+                    break  # still running: they are stopped in the finally below
+            elif now > deadline:
                 waiting = [r for r, p in enumerate(processes) if p.is_alive()]
                 raise RanksTimedOut(
                     f"rank(s) {waiting} of {world_size} did not finish within {timeout:g} s and were "
@@ -194,13 +237,14 @@ def run_on_ranks(fn: Callable[..., Any], world_size: int = 2, args: Sequence[Any
             if record is not None and record["ok"] and p.exitcode in (None, 0):
                 results.append(record["result"])
             elif record is not None and not record["ok"]:
-                errors.append((rank, record["error"], record["traceback"]))
+                errors.append((rank, record["error"], record["traceback"], f"raised {record['error']}"))
             elif p.exitcode not in (None, 0):
-                errors.append((rank, f"the process ended with exit code {p.exitcode}", ""))
+                errors.append((rank, "", "", _without_record(p.exitcode)))
         if errors:
-            # A rank whose peer died reports a broken connection: name the rank that caused it first.
+            # A rank whose peer died reports a broken connection: name the rank that caused it first
+            # (its own error, or a crash), then the lowest rank.
             errors.sort(key=lambda e: (_peer_gone(e[1]), e[0]))
-            rank, error, text = errors[0]
+            rank, error, text, what = errors[0]
             if _peer_gone(error):
                 done = [r for r in range(world_size) if r not in {e[0] for e in errors}]
                 raise RankFailed(
@@ -208,8 +252,8 @@ def run_on_ranks(fn: Callable[..., Any], world_size: int = 2, args: Sequence[Any
                     f"{done or 'the others'} never reached: they finished or stopped first. Every rank "
                     "must call the same collectives in the same order.")
             last = "\n".join(text.strip().splitlines()[-12:])
-            others = "".join(f"\nrank {r}: {e}" for r, e, _ in errors[1:] if not _peer_gone(e))
-            raise RankFailed(f"rank {rank} raised {error}{others}\n{last}".rstrip())
+            others = "".join(f"\nrank {r} {w}" for r, e, _, w in errors[1:] if not _peer_gone(e))
+            raise RankFailed(f"rank {rank} {what}{others}\n{last}".rstrip())
         if len(results) != world_size:
             raise RankFailed("a rank stopped without a result; the others were stopped")
         return results

@@ -399,13 +399,18 @@ def short_list(pieces: list[str]) -> str:
     return str(pieces) if len(pieces) <= 8 else f"{pieces[:4]} ... ({len(pieces)} pieces)"
 
 
+def in_seconds(seconds: float) -> str:
+    """A CPU time for a message: "1.23 s", or "2.4 ms" below a tenth of a second."""
+    return f"{seconds:.2f} s" if seconds >= 0.1 else f"{seconds * 1000:.1f} ms"
+
+
 def budget_in_words(ratio: float, reference: float, budget: float, what: str) -> str:
     """How the budget of a speed test was set, in words."""
     if budget <= ratio * reference:
         return (f"{ratio} times what course_lib's {what} took on the same text just before "
-                f"({reference:.2f} s)")
-    return (f"the least the checker gives (course_lib's {what} took {reference:.2f} s on the same "
-            f"text just before; {ratio} times that would be less)")
+                f"({in_seconds(reference)})")
+    return (f"the least the checker gives (course_lib's {what} took {in_seconds(reference)} on the "
+            f"same text just before; {ratio} times that would be less)")
 
 
 def raise_first_explaining(outputs: list, wrong: list, mistakes: list, prefix: str,

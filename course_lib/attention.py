@@ -75,6 +75,14 @@ def scaled_dot_product_attention(
     return mixing @ value, weights  # (..., L_q, d_v), (..., L_q, L_k)
 
 
+def _check_is_causal(is_causal: object, where: str) -> None:
+    """``is_causal`` must be a bool: a string such as ``"False"`` is true to Python (SDPA refuses it too)."""
+    if not isinstance(is_causal, bool):
+        raise TypeError(f"{where}: is_causal must be True or False, got {is_causal!r} "
+                        f"({type(is_causal).__name__}); pass the bool itself (a string such as "
+                        "'False' would count as true)")
+
+
 def split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
     """``(B, L, d) -> (B, num_heads, L, d // num_heads)``: each position's features cut into heads of
     consecutive features, the head axis before the positions (lesson 02's exercise, as a plain
@@ -224,6 +232,7 @@ class MultiHeadAttention(nn.Module):
         ``k, v: (B, num_kv_heads, L_k, head_dim)`` (from ``project_kv``). Masks and ``is_causal`` as
         in ``forward``. With ``rotary`` the queries are the last ``L_q`` of the ``L_k`` positions
         (self-attention, and a cache's newest position)."""
+        _check_is_causal(is_causal, "MultiHeadAttention.attend")
         if k.dim() != 4 or k.size(1) != self.num_kv_heads or k.shape != v.shape:
             raise ValueError(
                 f"MultiHeadAttention.attend: k and v must be (B, num_kv_heads={self.num_kv_heads}, "
@@ -299,6 +308,7 @@ class MultiHeadAttention(nn.Module):
             ``(B, L_q, d_model)`` (and the weights when ``return_attention``).
         """
         self._check_inputs(query, key, value)
+        _check_is_causal(is_causal, "MultiHeadAttention")
         if self.rotary is not None and not (key is query and value is query):
             raise ValueError(
                 "MultiHeadAttention: with rotary positions this module is self-attention only; call "

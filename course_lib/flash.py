@@ -37,6 +37,12 @@ Conventions, as ``F.scaled_dot_product_attention``: ``q (B, h, L_q, d)``, ``k (B
 ``is_causal`` is SDPA's top-left causal mask (query i sees keys 0..i, also when L_q != L_k), and may
 be combined with ``mask``. A query that may attend to no key gets a zero output, a log-sum-exp of
 -inf and zero gradients (what SDPA returns on CPU), never NaN.
+
+Precision, as real kernels keep it: inputs in bfloat16 or float16 are read tile by tile into float32,
+and the scores, m, ℓ, O (and the backward's D, dQ, dK, dV) are accumulated in float32; the output
+and the gradients are cast back to the input dtype at the end, and the log-sum-exp stays float32
+(FlashAttention's and PyTorch's kernels return it so). float32 and float64 inputs are computed in
+their own dtype.
 """
 
 from __future__ import annotations
@@ -73,6 +79,18 @@ def _tiles(n: int, block: int) -> list[tuple[int, int]]:
     return [(start, min(start + block, n)) for start in range(0, n, block)]
 
 
+def _accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype the tiles are computed in: float32 for the 16-bit floats, else ``dtype`` itself."""
+    return torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
+
+
+def _check_is_causal(is_causal: object, where: str) -> None:
+    if not isinstance(is_causal, bool):
+        raise TypeError(f"{where}: is_causal must be True or False, got {is_causal!r} "
+                        f"({type(is_causal).__name__}); pass the bool itself (a string such as "
+                        "'False' would count as true)")
+
+
 def _check_block(value: object, name: str) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"flash_attention: {name} must be an int >= 1, got {value!r}")
@@ -80,11 +98,12 @@ def _check_block(value: object, name: str) -> None:
 
 def _prepare(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
-    scale: float | None, block_q: int, block_k: int,
+    scale: float | None, block_q: int, block_k: int, is_causal: bool = False,
 ) -> tuple[torch.Tensor | None, float]:
     """Check every input and say what to fix; return the mask as ``(B, kv, g, L_q, L_k)`` (a view,
     never a copy) and the scale."""
     where = "flash_attention"
+    _check_is_causal(is_causal, where)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{where}: {name} must be a torch.Tensor, got {type(t).__name__}")
@@ -132,6 +151,30 @@ def _prepare(
     return full.unflatten(1, (kv, h // kv)), float(scale)  # (B, kv, g, L_q, L_k)
 
 
+def _check_saved(d_out: object, out: object, lse: object, q: torch.Tensor, v: torch.Tensor) -> None:
+    """The backward's other inputs: ``d_out`` and ``out`` ``(B, h, L_q, d_v)`` in q's dtype and
+    device, ``lse (B, h, L_q)``, all as the forward pass made them."""
+    where = "flash_attention_backward"
+    B, h, L_q = q.shape[:3]
+    expected = (B, h, L_q, v.size(-1))
+    for name, t, shape in (("d_out", d_out, expected), ("out", out, expected), ("lse", lse, expected[:3])):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{where}: {name} must be a torch.Tensor of shape {shape}, got "
+                            f"{type(t).__name__}")
+        if tuple(t.shape) != shape:
+            what = ("the gradient of the output, shaped as the output" if name == "d_out"
+                    else "what flash_attention_forward returned for these q, k, v")
+            raise ValueError(f"{where}: {name} must be (B, h, L_q{', d_v' if name != 'lse' else ''}) = "
+                             f"{shape}, {what}; got {tuple(t.shape)}")
+        if not t.is_floating_point() or t.device != q.device:
+            raise TypeError(f"{where}: {name} must be a floating-point tensor on {q.device}, got "
+                            f"{t.dtype} on {t.device}")
+    for name, t in (("d_out", d_out), ("out", out)):
+        if t.dtype != q.dtype:
+            raise TypeError(f"{where}: {name} must have the inputs' dtype {q.dtype}, got {t.dtype}; "
+                            f"convert it with .to({q.dtype})")
+
+
 def _allowed(mask5: torch.Tensor | None, is_causal: bool, i0: int, i1: int, j0: int, j1: int,
              device: torch.device) -> torch.Tensor | None:
     """Bool ``(..., i1-i0, j1-j0)``: which keys of tile j each query of tile i may see, or None (all)."""
@@ -156,29 +199,31 @@ def flash_attention_forward(
     """FlashAttention-2's forward pass (Algorithm 1), one tile of scores at a time.
 
     ``q (B, h, L_q, d)``, ``k (B, kv, L_k, d)``, ``v (B, kv, L_k, d_v)`` -> ``(out (B, h, L_q, d_v),
-    lse (B, h, L_q))``, where ``lse`` is the log-sum-exp of each query's scaled, masked scores.
-    Block sizes need not divide the lengths. Without gradients; ``flash_attention`` adds them.
+    lse (B, h, L_q))``, where ``lse`` is the log-sum-exp of each query's scaled, masked scores
+    (float32 for bf16/fp16 inputs). Block sizes need not divide the lengths. Without gradients;
+    ``flash_attention`` adds them.
     """
-    mask5, scale = _prepare(q, k, v, mask, scale, block_q, block_k)
+    mask5, scale = _prepare(q, k, v, mask, scale, block_q, block_k, is_causal)
     B, h, L_q, _ = q.shape
     kv, L_k, d_v = k.size(1), k.size(2), v.size(-1)
+    acc = _accumulation_dtype(q.dtype)  # float32 for bf16/fp16 inputs: m, ell, o and the scores
     q5 = q.unflatten(1, (kv, h // kv))  # (B, h, L_q, d) -> (B, kv, g, L_q, d): a group per KV head
     k5, v5 = k.unsqueeze(2), v.unsqueeze(2)  # (B, kv, 1, L_k, d): shared by the group
-    out = q.new_zeros(B, kv, h // kv, L_q, d_v)
-    lse = q.new_full((B, kv, h // kv, L_q), _NEG_INF)
+    out = q.new_zeros(B, kv, h // kv, L_q, d_v)  # the input dtype
+    lse = q.new_full((B, kv, h // kv, L_q), _NEG_INF, dtype=acc)
     with torch.no_grad():
         for i0, i1 in _tiles(L_q, block_q):
-            q_i = q5[..., i0:i1, :]
-            m = q.new_full((*q_i.shape[:-1],), _NEG_INF)  # (B, kv, g, bq)
-            ell = q.new_zeros(m.shape)
-            o = q.new_zeros(*m.shape, d_v)  # (B, kv, g, bq, d_v)
+            q_i = q5[..., i0:i1, :].to(acc)  # (a no-op in float32 and float64)
+            m = q.new_full((*q_i.shape[:-1],), _NEG_INF, dtype=acc)  # (B, kv, g, bq)
+            ell = q.new_zeros(m.shape, dtype=acc)
+            o = q.new_zeros(*m.shape, d_v, dtype=acc)  # (B, kv, g, bq, d_v)
             for j0, j1 in _tiles(L_k, block_k):
                 if _skipped(is_causal, i1, j0):
                     break  # this tile and every later one lie wholly in the future
                 allowed = _allowed(mask5, is_causal, i0, i1, j0, j1, q.device)
                 if allowed is not None and not allowed.any():
                     continue  # nothing to see in this tile
-                s = q_i @ k5[..., j0:j1, :].transpose(-2, -1) * scale  # (B, kv, g, bq, bk)   1
+                s = q_i @ k5[..., j0:j1, :].to(acc).transpose(-2, -1) * scale  # (B, kv, g, bq, bk)   1
                 if allowed is not None:
                     s = s.masked_fill(~allowed, _NEG_INF)
                 m_new = torch.maximum(m, s.amax(dim=-1))  # 2
@@ -186,11 +231,11 @@ def flash_attention_forward(
                 p = torch.exp(s - m_safe[..., None])  # 3 (hidden keys: exp(-inf) = 0)
                 alpha = torch.exp(m - m_safe)  # how much the old state shrinks
                 ell = alpha * ell + p.sum(dim=-1)  # 4
-                o = alpha[..., None] * o + p @ v5[..., j0:j1, :]  # 5
+                o = alpha[..., None] * o + p @ v5[..., j0:j1, :].to(acc)  # 5
                 m = m_new  # 6
             seen = ell > 0  # False: the query may attend to no key
             out[..., i0:i1, :] = torch.where(seen[..., None], o / torch.where(seen, ell, 1.0)[..., None],
-                                             0.0)  # 7
+                                             0.0).to(out.dtype)  # 7, back to the input dtype
             lse[..., i0:i1] = torch.where(seen, m + torch.log(torch.where(seen, ell, 1.0)), _NEG_INF)
     return out.flatten(1, 2), lse.flatten(1, 2)  # (B, h, L_q, d_v), (B, h, L_q)
 
@@ -202,29 +247,33 @@ def flash_attention_backward(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """FlashAttention-2's backward pass (Algorithm 2): ``(dq, dk, dv)``, shaped as ``q, k, v``.
 
-    ``d_out (B, h, L_q, d_v)`` is the gradient of the output; ``out`` and ``lse`` are what
-    ``flash_attention_forward`` returned. The probabilities are recomputed tile by tile from
-    ``q``, ``k`` and ``lse``; the gradients of a group's query heads add up in their KV head.
+    ``d_out (B, h, L_q, d_v)`` is the gradient of the output; ``out (B, h, L_q, d_v)`` and
+    ``lse (B, h, L_q)`` are what ``flash_attention_forward`` returned. The probabilities are
+    recomputed tile by tile from ``q``, ``k`` and ``lse``; the gradients of a group's query heads
+    add up in their KV head. bf16/fp16 inputs: D, dQ, dK and dV accumulate in float32, and the
+    gradients are cast back to the inputs' dtype.
     """
-    mask5, scale = _prepare(q, k, v, mask, scale, block_q, block_k)
+    mask5, scale = _prepare(q, k, v, mask, scale, block_q, block_k, is_causal)
+    _check_saved(d_out, out, lse, q, v)
     h, kv, L_q, L_k = q.size(1), k.size(1), q.size(2), k.size(2)
     g = h // kv
+    acc = _accumulation_dtype(q.dtype)  # float32 for bf16/fp16 inputs
     q5, d_out5 = q.unflatten(1, (kv, g)), d_out.unflatten(1, (kv, g))  # (B, kv, g, L_q, .)
-    lse5 = lse.unflatten(1, (kv, g))  # (B, kv, g, L_q)
+    lse5 = lse.unflatten(1, (kv, g)).to(acc)  # (B, kv, g, L_q)
     lse5 = torch.where(lse5 == _NEG_INF, 0.0, lse5)  # a row that sees nothing: all its P are 0
-    D = (d_out5 * out.unflatten(1, (kv, g))).sum(dim=-1)  # (B, kv, g, L_q): rowsum(dO ∘ O)
-    dq = torch.zeros_like(q5)
-    dk, dv = torch.zeros_like(k), torch.zeros_like(v)
+    D = (d_out5.to(acc) * out.unflatten(1, (kv, g)).to(acc)).sum(dim=-1)  # (B, kv, g, L_q): rowsum(dO ∘ O)
+    dq = torch.zeros_like(q5, dtype=acc)
+    dk, dv = torch.zeros_like(k, dtype=acc), torch.zeros_like(v, dtype=acc)
     with torch.no_grad():
         for j0, j1 in _tiles(L_k, block_k):
-            k_j, v_j = k[:, :, None, j0:j1], v[:, :, None, j0:j1]  # (B, kv, 1, bk, .)
+            k_j, v_j = k[:, :, None, j0:j1].to(acc), v[:, :, None, j0:j1].to(acc)  # (B, kv, 1, bk, .)
             for i0, i1 in _tiles(L_q, block_q):
                 if _skipped(is_causal, i1, j0):
                     continue  # queries before this tile's first key
                 allowed = _allowed(mask5, is_causal, i0, i1, j0, j1, q.device)
                 if allowed is not None and not allowed.any():
                     continue
-                q_i, d_out_i = q5[..., i0:i1, :], d_out5[..., i0:i1, :]
+                q_i, d_out_i = q5[..., i0:i1, :].to(acc), d_out5[..., i0:i1, :].to(acc)
                 s = q_i @ k_j.transpose(-2, -1) * scale  # (B, kv, g, bq, bk)
                 if allowed is not None:
                     s = s.masked_fill(~allowed, _NEG_INF)
@@ -234,7 +283,7 @@ def flash_attention_backward(
                 ds = p * (dp - D[..., i0:i1, None])  # 4
                 dq[..., i0:i1, :] += ds @ k_j * scale  # 5
                 dk[:, :, j0:j1] += (ds.transpose(-2, -1) @ q_i).sum(dim=2) * scale
-    return dq.flatten(1, 2), dk, dv
+    return dq.flatten(1, 2).to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
 class FlashAttention(torch.autograd.Function):
@@ -277,5 +326,6 @@ def naive_attention(
     from .attention import scaled_dot_product_attention
     from .masks import causal_mask
 
+    _check_is_causal(is_causal, "naive_attention")
     mask = causal_mask(q.size(-2), q.device) if is_causal else None
     return scaled_dot_product_attention(q, k, v, mask)[0]

@@ -16,6 +16,7 @@ evaluate them on every index, the matrices a dense SDPA call would need, to prov
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -45,12 +46,25 @@ def sliding_window(window: int) -> MaskMod:
 
 def document(doc_ids: torch.Tensor) -> MaskMod:
     """Causal attention within each document of a packed sequence: ``doc_ids (B, L)`` says which
-    document every position belongs to; a query sees earlier keys of its own document only."""
+    document every position belongs to; a query sees earlier keys of its own document only. The
+    mask is for at most B sequences of at most L positions (queries and keys)."""
     if not isinstance(doc_ids, torch.Tensor) or doc_ids.dim() != 2 or doc_ids.is_floating_point():
-        raise ValueError("document: doc_ids must be an integer tensor (B, L), one document id per position")
+        what = (f"{doc_ids.dtype} tensor of shape {tuple(doc_ids.shape)}" if isinstance(doc_ids, torch.Tensor)
+                else type(doc_ids).__name__)
+        raise ValueError(f"document: doc_ids must be an integer tensor (B, L), one document id per "
+                         f"position, got {what}")
+    B, L = doc_ids.shape
 
     def mask_mod(b, h, q_idx, kv_idx):  # noqa: ANN001, ANN202, ARG001
-        return (doc_ids[b, q_idx] == doc_ids[b, kv_idx]) & (q_idx >= kv_idx)
+        try:
+            same = doc_ids[b, q_idx] == doc_ids[b, kv_idx]
+        except IndexError:  # eager and vmap (create_block_mask) raise it at once
+            raise ValueError(f"document: doc_ids {(B, L)} has document ids for {B} sequence(s) of {L} "
+                             f"positions, but the mask was asked about a sequence or position beyond "
+                             f"them: use it with batch size <= {B} and L_q, L_k <= {L} (in "
+                             f"create_block_mask or dense_mask), or give doc_ids for every sequence and "
+                             f"position") from None
+        return same & (q_idx >= kv_idx)
 
     return mask_mod
 
@@ -75,24 +89,41 @@ def alibi_slopes(num_heads: int) -> torch.Tensor:
 
 
 def alibi(num_heads: int) -> ScoreMod:
-    """ALiBi: each score gets ``slope_h * (kv_idx - q_idx)``, a penalty growing with the distance."""
+    """ALiBi: each score gets ``slope_h * (kv_idx - q_idx)``, a penalty growing with the distance.
+
+    For ``num_heads`` query heads: ``dense_scores`` of more heads gets a ValueError that says so.
+    (``flex_attention`` compiles the function into a graph, where no Python check runs: there, more
+    heads than slopes end in PyTorch's IndexError.)"""
     slopes = alibi_slopes(num_heads)
 
     def score_mod(score, b, h, q_idx, kv_idx):  # noqa: ANN001, ANN202, ARG001
-        return score + (slopes[h] * (kv_idx - q_idx)).to(score.dtype)
+        try:
+            slope = slopes[h]
+        except IndexError:  # raised at once in eager code (dense_scores); not inside flex_attention
+            raise ValueError(f"alibi: built with {num_heads} slopes (num_heads={num_heads}), but the "
+                             f"scores have more heads: build alibi(H) with H = the query heads of q, "
+                             f"q.size(1)") from None
+        return score + (slope * (kv_idx - q_idx)).to(score.dtype)
 
     return score_mod
 
 
 def soft_cap(cap: float) -> ScoreMod:
     """Soft-capping (Gemma 2): ``cap * tanh(score / cap)`` keeps every score inside (-cap, cap)."""
-    if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not cap > 0:
-        raise ValueError(f"soft_cap: cap must be a number > 0, got {cap!r}")
+    if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not (math.isfinite(cap) and cap > 0):
+        raise ValueError(f"soft_cap: cap must be a number > 0 and finite (Gemma 2 caps attention scores "
+                         f"at 50.0; an infinite cap makes every score NaN), got {cap!r}")
 
     def score_mod(score, b, h, q_idx, kv_idx):  # noqa: ANN001, ANN202, ARG001
         return cap * torch.tanh(score / cap)
 
     return score_mod
+
+
+def _check_sizes(sizes: tuple[object, ...], where: str) -> None:
+    for name, value in zip(("B", "H", "L_q", "L_k"), sizes):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{where}: {name} must be an int >= 1, got {value!r}")
 
 
 def _indices(B: int, H: int, L_q: int, L_k: int) -> tuple[torch.Tensor, ...]:
@@ -105,11 +136,19 @@ def _indices(B: int, H: int, L_q: int, L_k: int) -> tuple[torch.Tensor, ...]:
 
 def dense_mask(mask_mod: MaskMod, B: int, H: int, L_q: int, L_k: int) -> torch.Tensor:
     """``mask_mod`` on every index: bool ``(B, H, L_q, L_k)`` for SDPA's ``attn_mask``."""
+    _check_sizes((B, H, L_q, L_k), "dense_mask")
     b, h, q_idx, kv_idx = _indices(B, H, L_q, L_k)
     return mask_mod(b, h, q_idx, kv_idx).expand(B, H, L_q, L_k)
 
 
 def dense_scores(score_mod: ScoreMod, scores: torch.Tensor) -> torch.Tensor:
     """``score_mod`` on every score of ``scores (B, H, L_q, L_k)`` (already scaled)."""
+    if not isinstance(scores, torch.Tensor) or scores.dim() != 4:
+        what = f"shape {tuple(scores.shape)}" if isinstance(scores, torch.Tensor) else type(scores).__name__
+        fix = ("add the missing axes, e.g. scores[None] for one sequence (B = 1) or scores[:, None] for "
+               "one head (H = 1)" if isinstance(scores, torch.Tensor) and scores.dim() < 4 else
+               "one (L_q, L_k) matrix of scaled scores per sequence and head, e.g. q @ k.transpose(-2, -1) "
+               "* scale of q, k (B, H, L, head_dim)")
+        raise ValueError(f"dense_scores: scores must be a 4-D tensor (B, H, L_q, L_k), got {what}; {fix}")
     B, H, L_q, L_k = scores.shape
     return score_mod(scores, *_indices(B, H, L_q, L_k))

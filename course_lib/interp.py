@@ -51,7 +51,8 @@ def _check_index(value: object, name: str, count: int, where: str) -> int:
 
 def _check_model(model: object, where: str) -> GPT:
     if not isinstance(model, GPT):
-        raise TypeError(f"{where}: expected a course_lib GPT, got {type(model).__name__}")
+        raise TypeError(f"{where}: expected a course_lib GPT (the model itself, e.g. what "
+                        f"induction.train_induction returns), got {type(model).__name__}")
     return model
 
 
@@ -357,8 +358,20 @@ def direct_logit_attribution(model: GPT, ids: torch.Tensor, targets: torch.Tenso
     position of ``ids (B, T)``, through the final LayerNorm with its scale frozen at the full
     stream's. Returns ``{"embed": (B, T), "heads": (num_layers, h, B, T), "bias": (B, T)}``; their
     sum over parts is the logit exactly (``model(ids)`` gathered at ``targets``)."""
+    where = "direct_logit_attribution"
+    _check_model(model, where)
     if not model.config.attn_only:
         raise ValueError("direct_logit_attribution: reads an attention-only model")
+    _check_ids(ids, where)
+    _check_ids(targets, where, "targets")
+    if targets.shape != ids.shape:
+        raise ValueError(f"{where}: targets {tuple(targets.shape)} must have the shape of ids "
+                         f"{tuple(ids.shape)}, one target token per position; for next-token targets "
+                         "pass ids[:, :-1] as ids and ids[:, 1:] as targets")
+    vocab = model.config.vocab_size
+    if targets.numel() and not (0 <= targets.min().item() and targets.max().item() < vocab):
+        raise ValueError(f"{where}: targets must be token ids in 0 .. {vocab - 1} (the model's "
+                         f"vocabulary), got values {targets.min().item()} .. {targets.max().item()}")
     norm = model.blocks.norm
     x = model.embed(ids)  # (B, T, d)
     parts = [x]

@@ -18,8 +18,9 @@ The conventions that differ:
   ``rotary_adjacent_pairs=False`` and ignores it. So the rows of ``W_Q`` and ``W_K`` (and their biases)
   are permuted within each head, ``0, hd/2, 1, hd/2 + 1, ...``: the same dot products, so the same
   patterns and logits, but ``hook_q`` and ``hook_k`` list each head's numbers in that other order.
-- ``TransformerBridgeConfig`` rounds ``rotary_base`` to an int; the port installs our own rotary
-  tables (float base kept) in the native model instead of its own.
+- ``TransformerBridgeConfig`` rounds ``rotary_base`` to an int (0.5 would become 0, and a model
+  booted from it NaN logits); ``bridge_config`` writes the model's own base back after building it,
+  and the port installs our own rotary tables (float base kept) in the native model as well.
 - Grouped-query attention (``num_kv_heads < num_heads``): the native model shares each key/value
   head with ``num_heads // num_kv_heads`` query heads by ``repeat_interleave``, as ours does.
 """
@@ -30,6 +31,7 @@ import torch
 from torch import nn
 
 from .gpt import GPT
+from .rope import LAYOUTS
 
 __all__ = ["bridge_config", "to_transformer_bridge", "rotary_permutation"]
 
@@ -54,7 +56,13 @@ def _check_model(model: object, where: str) -> GPT:
 def rotary_permutation(head_dim: int, layout: str = "halves") -> torch.Tensor:
     """``(head_dim,)``: the order in which to list one head's query and key numbers so that a model
     turning adjacent pairs turns the same planes as ours. ``"halves"``: ``[0, hd/2, 1, hd/2 + 1, ...]``
-    (plane i is numbers i and i + hd/2); ``"pairs"``: unchanged."""
+    (plane i is numbers i and i + hd/2); ``"pairs"``: unchanged. ``head_dim`` even (planes of two)."""
+    if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim < 2 or head_dim % 2:
+        raise ValueError(f"rotary_permutation: head_dim must be an even int >= 2 (RoPE turns planes of "
+                         f"two numbers), got {head_dim!r}; pass the model's config.head_dim")
+    if layout not in LAYOUTS:
+        raise ValueError(f"rotary_permutation: layout must be one of {LAYOUTS} (lowercase, as "
+                         f"RotaryEmbedding.layout), got {layout!r}")
     if layout == "pairs":
         return torch.arange(head_dim)
     half = head_dim // 2
@@ -63,19 +71,23 @@ def rotary_permutation(head_dim: int, layout: str = "halves") -> torch.Tensor:
 
 def bridge_config(model: GPT):
     """The ``TransformerBridgeConfig`` of ``model``, an attention-only course GPT with LayerNorm and
-    RoPE or learned positions, in the model's dtype. Its ``rotary_base`` is TransformerLens's int;
-    ``to_transformer_bridge`` keeps the float."""
+    RoPE or learned positions, in the model's dtype. Its ``rotary_base`` is the model's ``rope_base``:
+    the config's constructor rounds it to an int, so a fractional base (0.5 would become 0, and NaN
+    logits) is written back after it."""
     from transformer_lens import TransformerBridgeConfig
 
     c = _check_model(model, "bridge_config").config
     rotary = c.positional == "rope"
     extra = dict(rotary_dim=c.head_dim, rotary_base=c.rope_base) if rotary else {}
-    return TransformerBridgeConfig(
+    config = TransformerBridgeConfig(
         n_layers=c.num_layers, d_model=c.d_model, n_ctx=c.max_len, d_head=c.head_dim,
         n_heads=c.num_heads, n_key_value_heads=c.num_kv_heads if c.num_kv_heads != c.num_heads else None,
         d_vocab=c.vocab_size, attn_only=True, normalization_type="LN", eps=c.layer_norm_eps,
         positional_embedding_type="rotary" if rotary else "standard", act_fn=None, seed=0,
         default_prepend_bos=False, device="cpu", dtype=next(model.parameters()).dtype, **extra)
+    if rotary and config.rotary_base != c.rope_base:  # rounded by its __init__: the real base back
+        config.rotary_base = float(c.rope_base)
+    return config
 
 
 def _linear(layer: nn.Linear, rows: int) -> tuple[torch.Tensor, torch.Tensor]:

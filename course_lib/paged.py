@@ -93,10 +93,37 @@ class PagedKVCache:
             raise KeyError(f"PagedKVCache: no sequence {seq}; add_sequence({seq}) first "
                            f"(known: {sorted(self.block_tables)})")
 
+    def _check_layer(self, layer: object, where: str) -> None:
+        num_layers = self.k_blocks.size(0)
+        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < num_layers:
+            raise ValueError(f"PagedKVCache.{where}: layer must be an int in 0 .. {num_layers - 1} (the "
+                             f"pool holds {num_layers} layer(s)), got {layer!r}")
+
+    def _check_write(self, seq: int, layer: int, k: object, v: object) -> None:
+        """Everything ``write`` needs, checked before anything is written or any block taken."""
+        self._check_seq(seq)
+        self._check_layer(layer, "write")
+        _, _, kv, _, hd = self.k_blocks.shape
+        for name, t in (("k", k), ("v", v)):
+            if not isinstance(t, torch.Tensor) or t.dim() != 3 or t.size(0) != kv or t.size(2) != hd:
+                what = f"shape {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+                raise ValueError(f"PagedKVCache.write: {name} must be (num_kv_heads={kv}, n, head_dim={hd}), "
+                                 f"one sequence's new positions, got {what}")
+        if k.shape != v.shape:
+            raise ValueError(f"PagedKVCache.write: k and v must hold the same positions, got k "
+                             f"{tuple(k.shape)} and v {tuple(v.shape)}")
+        blocks = math.ceil((self.lengths[seq][layer] + k.size(1)) / self.block_size)  # after the write
+        needed = blocks - len(self.block_tables[seq])
+        if needed > len(self.free):
+            raise RuntimeError(f"PagedKVCache: out of blocks ({self.k_blocks.size(1)} in the pool, "
+                               f"{len(self.free)} free, {needed} needed); free a finished sequence or "
+                               "make a larger pool")
+
     def write(self, seq: int, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Append positions ``k, v (num_kv_heads, n, head_dim)`` to ``seq``'s keys and values in
-        ``layer``, taking a block from the free list whenever the last one is full."""
-        self._check_seq(seq)
+        ``layer``, taking a block from the free list whenever the last one is full. Every argument
+        (and the free blocks needed) is checked first: a refused write changes nothing."""
+        self._check_write(seq, layer, k, v)
         table, start = self.block_tables[seq], self.lengths[seq][layer]
         for offset in range(k.size(1)):
             position = start + offset
@@ -115,6 +142,7 @@ class PagedKVCache:
         """``seq``'s keys and values in ``layer``, in position order: ``(num_kv_heads, t, head_dim)``
         each, gathered from its physical blocks through the block table."""
         self._check_seq(seq)
+        self._check_layer(layer, "read")
         t = self.lengths[seq][layer]
         table = torch.tensor(self.block_tables[seq][: math.ceil(t / self.block_size)], dtype=torch.long)
         # (n_blocks, kv, block_size, hd) -> (kv, n_blocks * block_size, hd), then the first t positions
@@ -160,7 +188,14 @@ class PagedLayerView:
 
 
 def paged_cache_for(cache: PagedKVCache, seqs: list[int]) -> KVCache:
-    """A lesson 07 ``KVCache`` for ``GPT.step`` whose layers are ``seqs``' pages (new sequences)."""
+    """A lesson 07 ``KVCache`` for ``GPT.step`` whose layers are ``seqs``' pages (new sequences).
+    All of ``seqs`` are checked (new, distinct) before any is added."""
+    known = [seq for seq in seqs if seq in cache.block_tables]
+    if known:
+        raise ValueError(f"paged_cache_for: sequence(s) {known} already exist in the cache; free them "
+                         "first (cache.free_sequence) or choose new ids")
+    if len(set(seqs)) != len(seqs):
+        raise ValueError(f"paged_cache_for: seqs must be distinct ids, one per batch row, got {list(seqs)}")
     for seq in seqs:
         cache.add_sequence(seq)
     layers = [PagedLayerView(cache, seqs, n) for n in range(cache.k_blocks.size(0))]
@@ -178,18 +213,25 @@ def generate_paged(
 
     ``ids (B, T)`` are the prompts of new sequences ``seqs`` (B ids); returns ``(B, T +
     max_new_tokens)``, the same tokens as ``model.generate(ids, ..., use_cache=True)`` with the same
-    ``generator``. The sequences keep their blocks afterwards (``cache.free_sequence`` frees them).
+    ``generator``. The sequences keep their blocks afterwards (``cache.free_sequence`` frees them);
+    if the call fails, its sequences are freed, so that a retry may use the same ids.
     """
+    if not isinstance(ids, torch.Tensor) or ids.is_floating_point() or ids.is_complex():
+        what = f"a {ids.dtype} tensor" if isinstance(ids, torch.Tensor) else f"a {type(ids).__name__}"
+        raise TypeError(f"generate_paged: ids must be a tensor of token ids (B, T), integer dtype, got "
+                        f"{what}; build it with torch.tensor(prompts, dtype=torch.long)")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise ValueError(f"generate_paged: max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
     if ids.dim() != 2 or ids.size(0) != len(seqs):
         raise ValueError(f"generate_paged: ids must be (B, T) with B = len(seqs) = {len(seqs)}, "
                          f"got {tuple(ids.shape)}")
     if ids.size(1) + max_new_tokens > model.config.max_len:
         raise ValueError(f"generate_paged: {ids.size(1)} + {max_new_tokens} tokens exceed the model's "
                          f"max_len = {model.config.max_len} (a cache cannot slide)")
+    kv = paged_cache_for(cache, seqs)  # checks every id before adding any: nothing to undo if refused
     was_training = model.training
     model.eval()
-    kv = paged_cache_for(cache, seqs)
-    out, logits = ids, None
+    out, logits, done = ids, None, False
     try:
         for t in range(ids.size(1)):  # the prompt, one position at a time into the pages
             logits = model.step(ids[:, t], kv)
@@ -198,8 +240,12 @@ def generate_paged(
             out = torch.cat([out, next_id.unsqueeze(1)], dim=1)
             if out.size(1) < ids.size(1) + max_new_tokens:  # the last token needs no logits
                 logits = model.step(next_id, kv)
+        done = True
     finally:
         model.train(was_training)
+        if not done:  # a failed call leaves no sequence behind: a retry may use the same ids
+            for seq in seqs:
+                cache.free_sequence(seq)
     return out
 
 

@@ -77,8 +77,23 @@ def average_gradients(model: nn.Module) -> None:
             p.grad /= world
 
 
+def _check_rank(rank: object, world_size: object, where: str) -> None:
+    """``world_size`` an int >= 1 and ``rank`` an int in ``0 .. world_size - 1``, else a ValueError
+    (a rank of -1 would silently take the last share, as Python's negative indices do)."""
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"{where}: world_size must be an int >= 1 (the number of ranks, "
+                         f"dist.get_world_size()), got {world_size!r}")
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
+        raise ValueError(f"{where}: rank must be an int in 0 .. {world_size - 1} (world_size "
+                         f"{world_size}), got {rank!r}; pass this process's dist.get_rank()")
+
+
 def rank_share(x: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
     """This rank's contiguous 1/N of the batch (rows): ``(B, ...) -> (B / N, ...)``."""
+    _check_rank(rank, world_size, "rank_share")
+    if not isinstance(x, torch.Tensor) or x.dim() == 0:
+        what = "a 0-D tensor" if isinstance(x, torch.Tensor) else type(x).__name__
+        raise ValueError(f"rank_share: x must be a tensor with the batch first, (B, ...), got {what}")
     if x.size(0) % world_size != 0:
         raise ValueError(f"rank_share: the batch of {x.size(0)} rows does not split into "
                          f"{world_size} equal shares")
@@ -88,18 +103,27 @@ def rank_share(x: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
 # --- 3. ZeRO-1: AdamW's state split across the ranks --------------------------------------------
 
 class ZeRO1AdamW:
-    """AdamW (``torch.optim.AdamW``'s update, one parameter group) with its state split over ranks.
+    """AdamW (``torch.optim.AdamW``'s update) with its state split over the ranks.
 
     The parameters are flattened into one vector of n numbers, padded to a multiple of N; rank r owns
     the slice ``[r * n/N, (r+1) * n/N)``. ``step()`` (gradients already averaged over the ranks)
     updates only that slice, with AdamW's moments for it alone, then ``all_gather`` brings every
     rank every updated slice. State per rank: 2 * n/N numbers instead of 2 * n.
+
+    As ``torch.optim.AdamW``: ``params`` is an iterable of parameters or of parameter groups
+    (dicts with ``"params"`` and any of ``lr``, ``betas``, ``eps``, ``weight_decay``; the arguments
+    are the defaults), and a parameter whose ``.grad`` is None at a step is skipped (no weight decay,
+    no moment update, its own step count unchanged). Inside, the slice is kept as one piece per
+    parameter it covers, each AdamW's parameter with the state AdamW would give that parameter.
     """
 
-    def __init__(self, params: Sequence[nn.Parameter], lr: float = 1e-3,
+    _GROUP_KEYS = ("lr", "betas", "eps", "weight_decay")
+
+    def __init__(self, params: Sequence[nn.Parameter] | Sequence[dict[str, Any]], lr: float = 1e-3,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0.01) -> None:
-        self.params = [p for p in params if p.requires_grad]
+        groups = self._groups(params)
+        self.params = [p for group in groups for p in group["params"]]
         if not self.params:
             raise ValueError("ZeRO1AdamW: no parameters to optimise")
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
@@ -107,10 +131,64 @@ class ZeRO1AdamW:
         self.shard_size = math.ceil(self.numel / self.world)
         self.start = min(self.rank * self.shard_size, self.numel)
         self.end = min(self.start + self.shard_size, self.numel)
-        flat = torch.cat([p.detach().reshape(-1) for p in self.params])  # (n,)
-        self.shard = nn.Parameter(flat[self.start:self.end].clone())  # (n/N,): this rank's slice
-        self.inner = torch.optim.AdamW([self.shard], lr=lr, betas=betas, eps=eps,
-                                       weight_decay=weight_decay)
+        self.dtype = self.params[0].dtype
+        for p in self.params[1:]:
+            self.dtype = torch.promote_types(self.dtype, p.dtype)  # what torch.cat of them gives
+        # This rank's slice, one piece per parameter it overlaps: (parameter, first, last) numbers.
+        self.pieces: list[tuple[nn.Parameter, int, int]] = []
+        inner_groups, offset = [], 0
+        for group in groups:
+            shards = []
+            for p in group["params"]:
+                a, b = max(self.start - offset, 0), min(self.end - offset, p.numel())
+                if a < b:
+                    self.pieces.append((p, a, b))
+                    shards.append(nn.Parameter(p.detach().reshape(-1)[a:b].clone()))  # (b - a,)
+                offset += p.numel()
+            options = {key: group[key] for key in self._GROUP_KEYS if key in group}
+            inner_groups.append({"params": shards, **options})
+        self.shards = [shard for group in inner_groups for shard in group["params"]]
+        # AdamW of no parameter at all (a rank whose slice is only padding) is refused: one that
+        # never steps stands in.
+        self.inner = torch.optim.AdamW(
+            [g for g in inner_groups if g["params"]] or [nn.Parameter(torch.zeros(0, dtype=self.dtype))],
+            lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+
+    @classmethod
+    def _groups(cls, params: object) -> list[dict[str, Any]]:
+        """``params`` as a list of groups ``{"params": [...], options}``, each parameter once."""
+        where = "ZeRO1AdamW"
+        if isinstance(params, torch.Tensor):
+            raise TypeError(f"{where}: params must be an iterable of parameters or of parameter groups "
+                            "(model.parameters(), or [{'params': [...], 'weight_decay': 0.0}, ...]), got "
+                            "one tensor; wrap it in a list")
+        items = list(params)
+        if items and all(isinstance(item, dict) for item in items):
+            groups = [dict(item) for item in items]
+        elif any(isinstance(item, dict) for item in items):
+            raise TypeError(f"{where}: params must be all parameters or all parameter groups (dicts), "
+                            "not a mix; put the loose parameters in a group of their own")
+        else:
+            groups = [{"params": items}]
+        seen: set[int] = set()
+        for n, group in enumerate(groups):
+            unknown = sorted(set(group) - {"params", *cls._GROUP_KEYS})
+            if "params" not in group or unknown:
+                raise ValueError(f"{where}: parameter group {n} must have 'params' and may set "
+                                 f"{', '.join(cls._GROUP_KEYS)}; got keys {sorted(group)}: remove the "
+                                 "others (AdamW's other options are not supported)")
+            members = group["params"]
+            members = [members] if isinstance(members, torch.Tensor) else list(members)
+            for p in members:
+                if not isinstance(p, torch.Tensor):
+                    raise TypeError(f"{where}: parameter group {n} holds a {type(p).__name__}, not a "
+                                    "parameter (pass model.parameters() or lists of parameters)")
+                if id(p) in seen:
+                    raise ValueError(f"{where}: a parameter (shape {tuple(p.shape)}) is listed twice; "
+                                     "give each parameter once, in one group")
+                seen.add(id(p))
+            group["params"] = [p for p in members if p.requires_grad]
+        return groups
 
     def zero_grad(self) -> None:
         for p in self.params:
@@ -118,12 +196,13 @@ class ZeRO1AdamW:
 
     @torch.no_grad()
     def step(self) -> None:
-        grads = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
-                           for p in self.params])  # (n,)
-        self.shard.grad = grads[self.start:self.end].clone()
+        for (p, a, b), shard in zip(self.pieces, self.shards):
+            # AdamW skips a parameter without a gradient: so does its piece (grad None)
+            shard.grad = None if p.grad is None else p.grad.reshape(-1)[a:b].clone()
         self.inner.step()  # AdamW on this rank's slice only
-        padded = torch.zeros(self.shard_size, dtype=self.shard.dtype)
-        padded[: self.end - self.start] = self.shard
+        padded = torch.zeros(self.shard_size, dtype=self.dtype)
+        if self.shards:
+            padded[: self.end - self.start] = torch.cat([shard.detach() for shard in self.shards])
         gathered = [torch.empty_like(padded) for _ in range(self.world)]
         dist.all_gather(gathered, padded)  # every rank's updated slice
         flat = torch.cat(gathered)[: self.numel]  # (n,)
@@ -204,6 +283,12 @@ def reduce_from_parallel(x: torch.Tensor) -> torch.Tensor:
     return ReduceFromParallel.apply(x)
 
 
+def _check_linear(dense: object, where: str) -> None:
+    if not isinstance(dense, nn.Linear):
+        raise TypeError(f"{where}: dense must be an nn.Linear (the layer to split), got "
+                        f"{type(dense).__name__}")
+
+
 class ColumnParallelLinear(nn.Module):
     """This rank's share of ``dense`` split by its OUTPUT features (Megatron's columns of A in
     ``Y = X A``; the rows of ``nn.Linear``'s ``(out, in)`` weight): ``(..., in) -> (..., out / N)``.
@@ -214,6 +299,8 @@ class ColumnParallelLinear(nn.Module):
     def __init__(self, dense: nn.Linear, rank: int, world_size: int,
                  copy_input: bool = True) -> None:
         super().__init__()
+        _check_rank(rank, world_size, "ColumnParallelLinear")
+        _check_linear(dense, "ColumnParallelLinear")
         self.copy_input = copy_input
         if dense.out_features % world_size != 0:
             raise ValueError(f"ColumnParallelLinear: {dense.out_features} output features do not "
@@ -233,6 +320,8 @@ class RowParallelLinear(nn.Module):
 
     def __init__(self, dense: nn.Linear, rank: int, world_size: int) -> None:
         super().__init__()
+        _check_rank(rank, world_size, "RowParallelLinear")
+        _check_linear(dense, "RowParallelLinear")
         if dense.in_features % world_size != 0:
             raise ValueError(f"RowParallelLinear: {dense.in_features} input features do not split "
                              f"over {world_size} ranks")
@@ -248,15 +337,30 @@ class ParallelMLP(nn.Module):
     """Lesson 04's ``FeedForward`` split over the ranks: ``(B, T, d) -> (B, T, d)`` on every rank,
     equal to ``dense(x)``. ``linear1`` column-parallel, the activation on each rank's own features
     (a column split keeps whole features, so the nonlinearity needs no communication),
-    ``linear2`` row-parallel: one all-reduce forward (g), one backward (f)."""
+    ``linear2`` row-parallel: one all-reduce forward (g), one backward (f).
+
+    ``FeedForward`` only (linear1, an elementwise activation, linear2), not lesson 11's ``SwiGLU``.
+    No dropout: a ``FeedForward`` with dropout > 0 runs in eval mode only (where dropout does
+    nothing); in train mode it is refused rather than silently run without its dropout."""
 
     def __init__(self, dense: FeedForward, rank: int, world_size: int) -> None:
         super().__init__()
+        if not isinstance(dense, FeedForward):
+            raise TypeError(f"ParallelMLP: dense must be a course_lib FeedForward (lesson 04's "
+                            f"linear1, activation, linear2), got {type(dense).__name__}; a gated "
+                            f"feed-forward such as SwiGLU (gate, up, linear2) is not supported")
+        _check_rank(rank, world_size, "ParallelMLP")
         self.linear1 = ColumnParallelLinear(dense.linear1, rank, world_size)
         self.activation = dense.activation
         self.linear2 = RowParallelLinear(dense.linear2, rank, world_size)
+        self.dropout_p = dense.dropout.p  # not applied: refused in train mode (forward)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training and self.dropout_p > 0:
+            raise ValueError(f"ParallelMLP: the FeedForward it splits has dropout p={self.dropout_p}, "
+                             "which ParallelMLP does not apply, so in train mode it would differ from "
+                             "the dense layer; build the FeedForward with dropout=0.0 to train it "
+                             "split, or call .eval() to run it without dropout")
         return self.linear2(self.activation(self.linear1(x)))  # (B, T, d_ff/N) in between
 
 
@@ -279,6 +383,7 @@ class ParallelSelfAttention(nn.Module):
         if not isinstance(dense, MultiHeadAttention):
             raise TypeError(f"ParallelSelfAttention: dense must be a course_lib "
                             f"MultiHeadAttention, got {type(dense).__name__}")
+        _check_rank(rank, world_size, "ParallelSelfAttention")
         H, H_kv, N = dense.num_heads, dense.num_kv_heads, world_size
         if H % N != 0 or H_kv % N != 0:
             raise ValueError(f"ParallelSelfAttention: {H} query heads and {H_kv} key/value heads "

@@ -1,5 +1,6 @@
 """scaled_dot_product_attention and MultiHeadAttention against PyTorch's implementations."""
 
+import pytest
 import torch
 import torch.nn.functional as F
 from _helpers import assert_close, copy_mha, seeded  # noqa: F401  (seeded: autouse fixture)
@@ -150,3 +151,17 @@ def test_head_dim_and_attributes():
     mha = MultiHeadAttention(24, 6)
     assert (mha.d_model, mha.num_heads, mha.head_dim) == (24, 6, 4)
     assert mha.attn_weights is None  # nothing stored before the first forward
+
+
+@pytest.mark.parametrize("flag", ["False", "True", 0, 1, None, torch.tensor(True)])
+def test_is_causal_must_be_a_bool(flag):
+    """A string such as "False" is true to Python: SDPA refuses it, and so does MultiHeadAttention
+    (forward, and attend, which ParallelSelfAttention and the KV cache call) (issue #48)."""
+    mha = MultiHeadAttention(16, 4)
+    x = torch.randn(2, 5, 16)
+    words = r"is_causal must be True or False, got .*; pass the bool itself"
+    with pytest.raises(TypeError, match="MultiHeadAttention: " + words):
+        mha(x, x, x, is_causal=flag)
+    k, v = mha.project_kv(x, x)
+    with pytest.raises(TypeError, match="MultiHeadAttention.attend: " + words):
+        mha.attend(x, k, v, is_causal=flag)

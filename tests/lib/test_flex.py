@@ -94,3 +94,50 @@ def test_bad_arguments_get_clear_errors():
         soft_cap(-1)
     with pytest.raises(ValueError, match="integer tensor"):
         document(torch.zeros(L))
+
+
+# --- bad input (issue #48): what was expected, what came, how to fix it ---
+
+
+@pytest.mark.parametrize("cap", [float("inf"), float("-inf"), float("nan"), 0, -2.0, "5", True])
+def test_soft_cap_refuses_a_cap_that_is_not_a_finite_positive_number(cap):
+    with pytest.raises(ValueError, match=r"cap must be a number > 0 and finite .* got"):
+        soft_cap(cap)
+
+
+def test_document_ids_used_beyond_their_size_are_named():
+    doc_ids = _documents()  # (2, 300)
+    words = r"doc_ids \(2, 300\) has document ids for 2 sequence\(s\) of 300 positions.*L_q, L_k <= 300"
+    with pytest.raises(ValueError, match=words):
+        dense_mask(document(doc_ids), B, H, 400, 400)  # positions beyond 300
+    with pytest.raises(ValueError, match=words):
+        dense_mask(document(doc_ids), 3, H, L, L)  # a third sequence
+    with pytest.raises(ValueError, match=words):  # PyTorch's block mask evaluates it the same way
+        create_block_mask(document(doc_ids), B, H, 400, 400, device="cpu")
+    with pytest.raises(ValueError, match=words):  # inside and_masks too
+        dense_mask(and_masks(sliding_window(4), document(doc_ids)), B, H, 301, 301)
+    with pytest.raises(ValueError, match=r"integer tensor \(B, L\).*got torch.float32 tensor of shape \(2, 3\)"):
+        document(torch.zeros(2, 3))
+
+
+def test_alibi_on_more_heads_than_slopes_is_named():
+    with pytest.raises(ValueError, match=r"alibi: built with 4 slopes \(num_heads=4\).*alibi\(H\)"):
+        dense_scores(alibi(4), torch.zeros(1, 8, 5, 5))
+    assert dense_scores(alibi(8), torch.zeros(1, 8, 5, 5)).shape == (1, 8, 5, 5)
+
+
+@pytest.mark.parametrize("scores, got", [
+    (torch.zeros(4, 5, 5), r"got shape \(4, 5, 5\); add the missing axes, e.g. scores\[None\]"),
+    (torch.zeros(1, 1, 4, 5, 5), r"got shape \(1, 1, 4, 5, 5\); one \(L_q, L_k\) matrix"),
+    ([[0.0]], "got list; one"),
+])
+def test_dense_scores_needs_four_dimensional_scores(scores, got):
+    with pytest.raises(ValueError, match=r"scores must be a 4-D tensor \(B, H, L_q, L_k\), " + got):
+        dense_scores(soft_cap(5.0), scores)
+
+
+def test_dense_mask_needs_positive_int_sizes():
+    with pytest.raises(ValueError, match="dense_mask: L_q must be an int >= 1, got 0"):
+        dense_mask(causal, 1, 1, 0, 5)
+    with pytest.raises(ValueError, match="dense_mask: H must be an int >= 1, got 2.0"):
+        dense_mask(causal, 1, 2.0, 5, 5)

@@ -348,3 +348,25 @@ def test_the_trained_induction_heads_copy_and_layer_0_does_not():
         interp.full_ov_circuit(model, 1, 4)
     gqa = random_model(num_kv_heads=2)
     assert interp.full_ov_circuit(gqa, 0, 3).shape == (64, 64)
+
+
+# --- direct logit attribution's inputs (issue #48) ---
+
+
+@pytest.mark.parametrize("change, error, words", [
+    (dict(targets=lambda x: x[:, :-1]), ValueError,
+     r"targets \(3, 21\) must have the shape of ids \(3, 22\), one target token per position; for "
+     r"next-token targets pass ids\[:, :-1\] as ids and ids\[:, 1:\] as targets"),
+    (dict(targets=lambda x: x.float()), ValueError, r"targets must be token ids \(B, T\), an integer tensor"),
+    (dict(targets=lambda x: x + 64), ValueError, r"targets must be token ids in 0 \.\. 63 .* got values 64 \.\. "),
+    (dict(ids=lambda x: x[0]), ValueError, r"ids must be token ids \(B, T\), an integer tensor, got \(22,\)"),
+    (dict(model=lambda m: torch.nn.Linear(4, 4)), TypeError,
+     r"direct_logit_attribution: expected a course_lib GPT \(the model itself.*got Linear"),
+])
+def test_direct_logit_attribution_names_bad_targets_ids_and_models(change, error, words):
+    model, x = random_model(), ids()
+    args = dict(model=model, ids=x, targets=torch.roll(x, -1, dims=1))
+    for name, make in change.items():
+        args[name] = make(model if name == "model" else x)
+    with pytest.raises(error, match=words):
+        interp.direct_logit_attribution(**args)

@@ -125,3 +125,39 @@ def test_bad_models_get_a_message():
     model.blocks.layers[0].norm1.float()
     with pytest.raises(ValueError, match="one float dtype"):
         to_transformer_bridge(model)
+
+
+# --- bad input (issue #48): what was expected, what came, how to fix it ---
+
+
+@pytest.mark.parametrize("base", [0.5, 2.5, 1000.5])
+def test_bridge_config_keeps_a_fractional_rope_base(base):
+    """TransformerBridgeConfig rounds rotary_base to an int (0.5 -> 0: NaN logits from a bridge booted
+    from it); bridge_config writes the model's base back, so the native model's own tables are ours."""
+    from transformer_lens import TransformerBridge
+
+    from course_lib.lens_port import bridge_config
+
+    model = random_model(rope_base=base)
+    config = bridge_config(model)
+    assert config.rotary_base == base
+    bridge = TransformerBridge.boot_native(config, dtype=torch.float64)  # its own tables, not ours
+    with torch.no_grad():
+        assert torch.isfinite(bridge(ids())).all()
+    native = bridge.original_model.rotary.cos_cached
+    ours = model.rotary.cos[:, rotary_permutation(model.config.head_dim)]
+    assert (native.double() - ours[: native.size(0)]).abs().max() <= 1e-6
+    assert bridge_config(random_model(rope_base=10000.0)).rotary_base == 10000  # an integer base: as before
+
+
+@pytest.mark.parametrize("head_dim, layout, words", [
+    (8, "Halves", r"layout must be one of \('halves', 'pairs'\) \(lowercase, as RotaryEmbedding.layout\), "
+                  r"got 'Halves'"),
+    (8, "interleaved", r"layout must be one of \('halves', 'pairs'\)"),
+    (7, "halves", r"head_dim must be an even int >= 2 \(RoPE turns planes of two numbers\), got 7"),
+    (0, "pairs", r"head_dim must be an even int >= 2 .* got 0"),
+    (8.0, "halves", r"head_dim must be an even int >= 2 .* got 8.0"),
+])
+def test_rotary_permutation_refuses_unknown_layouts_and_odd_head_dims(head_dim, layout, words):
+    with pytest.raises(ValueError, match=r"rotary_permutation: " + words):
+        rotary_permutation(head_dim, layout)

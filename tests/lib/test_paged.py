@@ -100,3 +100,77 @@ def test_bad_use_gets_a_clear_error():
     model = _model("gpt2")
     with pytest.raises(ValueError, match="exceed the model's max_len"):
         generate_paged(model, torch.zeros(1, 10, dtype=torch.long), 60, cache, [5])
+
+
+# --- bad input (issue #48): checked before anything changes; a failed call leaves nothing behind ---
+
+
+def _snapshot(cache):
+    return (cache.k_blocks.clone(), cache.v_blocks.clone(), list(cache.free),
+            {s: list(t) for s, t in cache.block_tables.items()}, {s: list(n) for s, n in cache.lengths.items()})
+
+
+def _same(a, b):
+    return torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) and a[2:] == b[2:]
+
+
+def test_a_failed_generation_frees_its_sequences_and_a_retry_with_the_same_ids_works():
+    model = _model("gpt2")
+    cache = PagedKVCache.for_model(model, num_blocks=20, block_size=4)
+    prompts = torch.randint(0, 83, (2, 6), generator=torch.Generator().manual_seed(3))
+    with pytest.raises(ValueError, match="top_k must be None or an int >= 1"):  # fails after the prompt
+        generate_paged(model, prompts, 5, cache, [1, 2], top_k=0)
+    assert cache.block_tables == {} and cache.lengths == {} and sorted(cache.free) == list(range(20))
+    out = generate_paged(model, prompts, 5, cache, [1, 2], greedy=True)  # the same ids again
+    assert torch.equal(out, model.generate(prompts, 5, greedy=True))
+    assert cache.length(1) == 6 + 5 - 1
+    with pytest.raises(ValueError, match=r"sequence\(s\) \[2\] already exist in the cache; free them"):
+        generate_paged(model, prompts, 5, cache, [3, 2], greedy=True)  # refused before adding 3
+    assert 3 not in cache.block_tables
+    with pytest.raises(ValueError, match=r"seqs must be distinct ids, one per batch row, got \[4, 4\]"):
+        generate_paged(model, prompts, 5, cache, [4, 4], greedy=True)
+    assert 4 not in cache.block_tables
+    small = PagedKVCache.for_model(model, num_blocks=2, block_size=4)
+    with pytest.raises(RuntimeError, match="out of blocks"):
+        generate_paged(model, prompts[:1], 10, small, [7], greedy=True)
+    assert small.blocks_in_use() == 0 and sorted(small.free) == [0, 1] and 7 not in small.block_tables
+    assert model.training is False  # _model() is in eval mode, and stays so
+
+
+@pytest.mark.parametrize("ids, error, words", [
+    ([[1, 2, 3]], TypeError, r"ids must be a tensor of token ids \(B, T\), integer dtype, got a list; "
+                             r"build it with torch.tensor"),
+    (torch.zeros(1, 3), TypeError, r"got a torch.float32 tensor"),
+])
+def test_generate_paged_needs_a_tensor_of_ids(ids, error, words):
+    model = _model("gpt2")
+    cache = PagedKVCache.for_model(model, num_blocks=4, block_size=4)
+    with pytest.raises(error, match=words):
+        generate_paged(model, ids, 3, cache, [0])
+    with pytest.raises(ValueError, match="max_new_tokens must be an int >= 0, got -1"):
+        generate_paged(model, torch.zeros(1, 3, dtype=torch.long), -1, cache, [0])
+    assert cache.block_tables == {}
+
+
+@pytest.mark.parametrize("k, v, layer, error, words", [
+    (torch.ones(3, 5, 4), torch.ones(3, 5, 4), 0, ValueError,
+     r"k must be \(num_kv_heads=2, n, head_dim=4\), one sequence's new positions, got shape \(3, 5, 4\)"),
+    (torch.ones(2, 5, 4), torch.ones(2, 3, 4), 0, ValueError,
+     r"k and v must hold the same positions, got k \(2, 5, 4\) and v \(2, 3, 4\)"),
+    (torch.ones(2, 5, 4), torch.ones(2, 5, 8), 1, ValueError, r"v must be \(num_kv_heads=2, n, head_dim=4\)"),
+    (torch.ones(2, 5, 4), torch.ones(2, 5, 4), 2, ValueError,
+     r"PagedKVCache.write: layer must be an int in 0 \.\. 1 \(the pool holds 2 layer\(s\)\), got 2"),
+    (torch.ones(2, 5, 4), torch.ones(2, 5, 4), -1, ValueError, r"layer must be an int in 0 \.\. 1"),
+    ([[1.0]], torch.ones(2, 5, 4), 0, ValueError, r"k must be .* got list"),
+    (torch.ones(2, 30, 4), torch.ones(2, 30, 4), 0, RuntimeError, r"out of blocks .* 3 free, 7 needed"),
+])
+def test_a_refused_write_leaves_the_cache_unchanged(k, v, layer, error, words):
+    cache = PagedKVCache(2, 2, 4, num_blocks=5, block_size=4)
+    cache.add_sequence(0)
+    cache.write(0, 0, torch.full((2, 6, 4), 2.0), torch.full((2, 6, 4), 3.0))  # 2 blocks taken
+    before = _snapshot(cache)
+    with pytest.raises(error, match=words):
+        cache.write(0, layer, k, v)
+    assert _same(_snapshot(cache), before)
+    with pytest.raises(ValueError, match=r"PagedKVCache.read: layer must be an int in 0 \.\. 1"):
+        cache.read(0, 5)

@@ -66,6 +66,7 @@ The grader, ``grading/`` (``python -m course_lib.grading``; docs/instructors.md)
     grading.limits          time and memory limits
     grading.points          points per exercise
     grading.report          grades.csv, the class report, each learner's feedback
+    grading.csvfile         every CSV the grader writes, text cells neutralised for spreadsheets
     grading.roster          matching files to a roster
     grading.platforms       the platforms' options and files
     grading.canvas          Canvas's gradebook file

@@ -2,8 +2,9 @@
 
 One module per step: ``lessons`` (what each lesson's exercises and checker calls are, and which
 lesson a submission is), ``limits`` (the kernel launcher that sets the memory limit), ``kernel_side``
-(the re-check that runs inside the learner's kernel), ``runner`` (one submission, start to row) and
-``report`` (grades.csv, report.html, feedback pages).
+(the re-check that runs inside the learner's kernel), ``runner`` (one submission, start to row),
+``report`` (grades.csv, report.html, feedback pages) and ``csvfile`` (every CSV file's cells, none
+of them a formula).
 
 On learning platforms (#41): ``points`` (points per exercise), ``roster`` (the platform's roster
 export, matched to the file stems), ``canvas`` and ``moodle`` (their import files), ``platforms``

@@ -24,11 +24,11 @@ instructure/canvas-lms) requires, and what this file does for each rule:
 
 from __future__ import annotations
 
-import csv
 from pathlib import Path
 
+from .csvfile import write_csv
 from .lessons import Lesson
-from .points import earned, number, possible
+from .points import earned, possible
 from .roster import RosterMatch
 from .runner import Graded
 
@@ -46,16 +46,15 @@ def write_canvas(path: Path, lesson: Lesson, rows: list[Graded], matched: Roster
     """Write the rows of ``lesson`` (sorted by student) for Canvas; ``matched`` maps stems to
     roster rows (None: no roster, every row unmatched), ``key`` is the roster column of the stems."""
     id_column = key if key in CANVAS_COLUMNS[1:4] else "SIS Login ID"
-    with path.open("w", newline="", encoding="utf-8") as f:
-        out = csv.writer(f)
-        out.writerow([*CANVAS_COLUMNS, assignment_column(lesson.lesson_id, assignment_id)])
-        out.writerow(["Points Possible", "", "", "", "", number(possible(lesson, points))])
-        found = matched.matched if matched else {}
-        for row in sorted(rows, key=lambda r: (r.student not in found, r.student)):
-            score = number(sum(earned(row.results, points).values()))
-            person = found.get(row.student)
-            if person is not None:
-                out.writerow([person.get(c, "") for c in CANVAS_COLUMNS] + [score])
-            else:
-                cells = {"Student": f"{row.student} {NOT_IN_ROSTER}", id_column: row.student}
-                out.writerow([cells.get(c, "") for c in CANVAS_COLUMNS] + [score])
+    lines: list[list[object]] = [[*CANVAS_COLUMNS, assignment_column(lesson.lesson_id, assignment_id)],
+                                 ["Points Possible", "", "", "", "", possible(lesson, points)]]
+    found = matched.matched if matched else {}
+    for row in sorted(rows, key=lambda r: (r.student not in found, r.student)):
+        score = sum(earned(row.results, points).values())
+        person = found.get(row.student)
+        if person is not None:
+            lines.append([person.get(c, "") for c in CANVAS_COLUMNS] + [score])
+        else:
+            cells = {"Student": f"{row.student} {NOT_IN_ROSTER}", id_column: row.student}
+            lines.append([cells.get(c, "") for c in CANVAS_COLUMNS] + [score])
+    write_csv(path, lines)

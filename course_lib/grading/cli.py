@@ -13,7 +13,8 @@ every checker itself on the learner's objects. The first line printed says wheth
 used. The file name's stem is the learner's id; the lesson is recognised from the notebook's content.
 Writes DIR/grades.csv, DIR/grades_NN.csv per lesson, DIR/report.html, DIR/feedback/<student>.html
 and DIR/rows.json (for merging shards); with --roster (or --canvas-assignment) DIR/grades_canvas_NN.csv,
-with --moodle-id DIR/grades_moodle_NN.csv. See docs/instructors.md.
+with --moodle-id DIR/grades_moodle_NN.csv (only the latter for a Moodle roster, which has none of
+Canvas's columns). See docs/instructors.md.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ from .lessons import read_lessons
 from .report import write_all
 from .roster import match
 from .runner import (
+    MAX_NOTEBOOK_MB,
+    RECHECK_SECONDS,
     Graded,
     Settings,
     become_subreaper,
@@ -42,6 +45,7 @@ from .runner import (
     end_processes,
     grade_submission,
     needed_under_tmp,
+    read_notebook,
     socket_root,
 )
 from .shards import parse_shard, shard_of, write_rows
@@ -101,10 +105,11 @@ def choose_sandbox(choice: str) -> tuple[str, str]:
 
 
 def grade_all(paths: list[Path], settings: Settings, workers: int,
-              contents: dict[Path, str] | None = None) -> list[Graded]:
+              contents: dict[Path, str] | None = None, sizes: dict[Path, int] | None = None) -> list[Graded]:
     """Grade every submission, ``workers`` at a time, each worker in its own process. A worker lost
     on the way (killed from a kernel) costs only the rows it was grading: they are tried once more,
-    one at a time, then get the status "grader error"."""
+    one at a time, then get the status "grader error". ``contents``: the files' texts, read before
+    any kernel started; ``sizes``: the sizes of those too large to read."""
     rows: dict[Path, Graded] = {}
     start = time.monotonic()
 
@@ -121,8 +126,8 @@ def grade_all(paths: list[Path], settings: Settings, workers: int,
         lost = []
         with ProcessPoolExecutor(n, mp_context=get_context("spawn"), initializer=configure_worker,
                                  initargs=(settings.threads,)) as pool:
-            futures = {pool.submit(grade_submission, p, settings, None, (contents or {}).get(p)): p
-                       for p in batch}
+            futures = {pool.submit(grade_submission, p, settings, None, (contents or {}).get(p),
+                                   (sizes or {}).get(p)): p for p in batch}
             for future in as_completed(futures):
                 try:
                     done(futures[future], future.result())
@@ -149,6 +154,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=cores(), help="notebooks at a time (default: one per core)")
     parser.add_argument("--memory-gb", type=float, default=None,
                         help="address-space limit per kernel (default: the machine's RAM / workers)")
+    parser.add_argument("--recheck-timeout", type=float, default=RECHECK_SECONDS,
+                        help="seconds for the grader's re-check of a notebook, all its exercises together (or "
+                             "--timeout times their number, if less); each exercise gets at most --timeout "
+                             f"(default {RECHECK_SECONDS:g})")
+    parser.add_argument("--max-notebook-mb", type=float, default=MAX_NOTEBOOK_MB,
+                        help="a larger notebook is not read: status 'too large', 0 marks "
+                             f"(default {MAX_NOTEBOOK_MB:g})")
     parser.add_argument("--sandbox", choices=["auto", "bwrap", "none"], default="auto",
                         help="run each kernel in a bubblewrap sandbox (auto: where bwrap works)")
     parser.add_argument("--shard", default=None, metavar="K/N",
@@ -157,6 +169,9 @@ def main(argv: list[str] | None = None) -> int:
     platforms.add_arguments(parser)
     parser.add_argument("submissions", nargs="+", help="notebooks, or folders of them")
     args = parser.parse_args(argv)
+    for option, value in (("--max-notebook-mb", args.max_notebook_mb), ("--recheck-timeout", args.recheck_timeout)):
+        if not value > 0:
+            parser.error(f"{option} {value:g}: give a number above 0")
     lessons = read_lessons()
     try:  # bad options stop here, before any kernel starts, with what to fix (exit code 2)
         shard = parse_shard(args.shard) if args.shard else None
@@ -179,13 +194,19 @@ def main(argv: list[str] | None = None) -> int:
         paths = [p for p in everyone if p.stem in mine]
         print(f"grade: shard {shard[0]}/{shard[1]}: {len(paths)} of the class's {len(everyone)} submissions",
               flush=True)
-    # every submission is read now, before any learner's code runs: a kernel cannot swap another's
-    contents = {}
+    # every submission is read now, before any learner's code runs: a kernel cannot swap another's;
+    # one larger than --max-notebook-mb is not read at all (its row says "too large")
+    max_bytes = int(args.max_notebook_mb * 2**20)
+    contents, sizes = {}, {}
     for path in paths:
         try:
-            contents[path] = path.read_bytes().decode("utf-8", errors="replace")
+            text, size = read_notebook(path, max_bytes)
         except OSError as err:
-            contents[path] = f"unreadable: {err}"
+            text, size = f"unreadable: {err}", 0
+        if text is None:
+            sizes[path] = size
+        else:
+            contents[path] = text
     workers = max(1, min(args.workers, max(1, len(paths))))
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     memory = int(args.memory_gb * 2**30) if args.memory_gb else max(4 * 2**30, ram // workers)
@@ -195,13 +216,14 @@ def main(argv: list[str] | None = None) -> int:
     os.chmod(scratch_root, 0o700)
     sockets = socket_root(scratch_root)  # None unless TMPDIR is too long for a socket's address
     settings = Settings(cell_timeout=args.timeout, notebook_timeout=args.notebook_timeout,
+                        recheck_timeout=args.recheck_timeout,
                         memory_bytes=memory, threads=max(1, cores() // workers), sandbox=mode,
-                        scratch_root=scratch_root, socket_root=sockets, hidden=hidden,
+                        scratch_root=scratch_root, socket_root=sockets, hidden=hidden, max_notebook_bytes=max_bytes,
                         seed=secrets.randbits(30))  # the re-check's seeds: one fresh draw per batch
     start = time.monotonic()
     become_subreaper()
     try:
-        rows = grade_all(paths, settings, workers, contents) if paths else []
+        rows = grade_all(paths, settings, workers, contents, sizes) if paths else []
     finally:  # here, not in the workers: a worker killed mid-run removes nothing
         shutil.rmtree(scratch_root, ignore_errors=True)
         if sockets:

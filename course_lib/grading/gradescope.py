@@ -15,7 +15,8 @@ submission in a fresh container, ``/autograder/run_autograder``, which must writ
 - ``run_autograder``: grades the submitted notebook with ``course_lib.grading.gradescope_run``;
 - ``course/``: course_lib's source and the lesson notebooks (sources only, outputs stripped: the
   grader reads their exercise cells, and recognises a notebook of another lesson);
-- ``config.json``: the lesson, the points per exercise, the time limits and the visibility.
+- ``config.json``: the lesson, the points per exercise, the time limits, the visibility and the
+  notebook size limit.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from pathlib import Path
 
 from .lessons import NOTEBOOK_DIR, read_lessons
 from .points import parse_points
+from .runner import MAX_NOTEBOOK_MB
 
 ROOT = NOTEBOOK_DIR.parent
 VISIBILITY = ["hidden", "after_due_date", "after_published", "visible"]  # Gradescope's values
@@ -106,11 +108,11 @@ def _file(archive: zipfile.ZipFile, name: str, data: str | bytes, executable: bo
 
 
 def build(lesson_id: str, out: Path, points: dict[str, float], cell_timeout: float, notebook_timeout: float,
-          visibility: str) -> Path:
+          visibility: str, max_notebook_mb: float = MAX_NOTEBOOK_MB) -> Path:
     """Write the autograder zip for ``lesson_id`` to ``out``."""
     lesson = read_lessons()[lesson_id]
     config = {"lesson": lesson_id, "notebook": lesson.path.name, "points": points, "cell_timeout": cell_timeout,
-              "notebook_timeout": notebook_timeout, "visibility": visibility}
+              "notebook_timeout": notebook_timeout, "visibility": visibility, "max_notebook_mb": max_notebook_mb}
     out.parent.mkdir(parents=True, exist_ok=True)
     with zipfile.ZipFile(out, "w") as archive:
         _file(archive, "setup.sh", SETUP_SH, executable=True)
@@ -136,7 +138,11 @@ def main(argv: list[str] | None = None) -> int:
                              "timeout, 10 minutes by default on Gradescope, at most 40)")
     parser.add_argument("--visibility", choices=VISIBILITY, default="visible",
                         help="when learners see their results (Gradescope's values; default visible)")
+    parser.add_argument("--max-notebook-mb", type=float, default=MAX_NOTEBOOK_MB,
+                        help=f"a larger notebook gets 0 and is not read (default {MAX_NOTEBOOK_MB:g})")
     args = parser.parse_args(argv)
+    if not args.max_notebook_mb > 0:
+        parser.error(f"--max-notebook-mb {args.max_notebook_mb:g}: give a size in MB above 0")
     lessons = read_lessons()
     if args.lesson not in lessons:
         parser.error(f"--lesson {args.lesson!r}: the lessons with checked exercises are {', '.join(sorted(lessons))}")
@@ -144,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
         points = parse_points(args.points, {args.lesson: lessons[args.lesson]})
     except ValueError as err:
         parser.error(str(err))
-    out = build(args.lesson, args.out, points, args.timeout, args.notebook_timeout, args.visibility)
+    out = build(args.lesson, args.out, points, args.timeout, args.notebook_timeout, args.visibility,
+                args.max_notebook_mb)
     print(f"gradescope: wrote {out} ({out.stat().st_size / 2**20:.1f} MB) for lesson {args.lesson}: upload it as "
           "the assignment's autograder (Configure Autograder > Zip file upload). In its Autograder Settings, give "
           "it more memory than the default 768 MB (2 GB or more: the grader, a kernel and PyTorch share it), a "

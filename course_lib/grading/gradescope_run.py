@@ -32,6 +32,7 @@ from typing import Any
 
 from .lessons import match_lesson, read_lessons
 from .points import number, worth
+from .runner import MAX_NOTEBOOK_MB
 from .shards import read_rows
 
 
@@ -92,6 +93,13 @@ def grade(root: Path, config: dict[str, Any], python: str = sys.executable) -> d
                        {"status": "no notebook"})
     chosen = notebooks[0]
     note = (f"You submitted {len(notebooks)} notebooks; {chosen.name} was graded. " if len(notebooks) > 1 else "")
+    limit = float(config.get("max_notebook_mb", MAX_NOTEBOOK_MB))
+    size = chosen.stat().st_size
+    if size > limit * 2**20:  # not read at all (a 150 MB notebook would take the grader past 1 GB)
+        message = (f"{note}{chosen.name} is too large: {size / 2**20:.1f} MB, the limit is {limit:g} MB. Clear its "
+                   f"outputs (Edit > Clear Outputs of All Cells), save, and upload it again. Score 0 of {total}.")
+        return _result(_zero_tests(lesson, points, message), message, config, time.monotonic() - start,
+                       {"status": "too large"})
     found = _which_lesson(chosen, lessons)  # before any kernel: another lesson is not run at all
     if found != lesson.lesson_id:
         what = (f"lesson {found}'s notebook" if found else "not a notebook" if found is None else
@@ -105,7 +113,8 @@ def grade(root: Path, config: dict[str, Any], python: str = sys.executable) -> d
     try:
         command = [python, "-m", "course_lib.grading", "--out", str(out / "grades"), "--sandbox", "none",
                    "--workers", "1", "--timeout", str(config.get("cell_timeout", 300)),
-                   "--notebook-timeout", str(config.get("notebook_timeout", 480)), str(chosen)]
+                   "--notebook-timeout", str(config.get("notebook_timeout", 480)),
+                   "--max-notebook-mb", str(limit), str(chosen)]
         process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                    stderr=subprocess.STDOUT, text=True, start_new_session=True)
         try:

@@ -208,12 +208,31 @@ def _codes(code):
 
 
 def _compiled(sources, transform=None):
-    """Fingerprints of every code object the given sources compile to (sources that do not compile
-    are skipped), with and without ``from __future__ import annotations`` (IPython keeps a cell's
-    __future__ imports for the cells after it)."""
-    import __future__
+    """Fingerprints of every code object the given sources compile to (what does not compile is
+    skipped), compiled as IPython compiles a cell, and also whole.
 
+    IPython (``InteractiveShell.run_ast_nodes``) parses the transformed cell, then compiles each
+    top-level statement on its own: ``ast.Module([statement])`` in mode 'exec', or, for the
+    statements its ``ast_node_interactivity`` runs interactively (by default the last one, if it is
+    an expression), ``ast.Interactive([statement])`` in mode 'single'; with top-level ``await``
+    allowed (``autoawait``, on by default) and with the ``__future__`` flags of the cells before. The
+    bytecode differs from the whole cell's: Python 3.11 compiles ``torch.tensor(...)`` in a function
+    one way when ``import torch`` is in the same compilation and another way when it is not. So every
+    statement is compiled in both modes (a cell may change the interactivity), with and without
+    ``from __future__ import annotations``; the whole cell too (``exec`` of a cell's own text)."""
+    import __future__
+    import ast
+
+    await_flag = getattr(ast, "PyCF_ALLOW_TOP_LEVEL_AWAIT", 0)
     prints = set()
+
+    def add(node, mode, flags):
+        try:
+            top = compile(node, "<cell>", mode, flags | await_flag, dont_inherit=True)
+        except (SyntaxError, ValueError, TypeError):
+            return
+        prints.update(_fingerprint(c) for c in _codes(top))
+
     for source in sources:
         try:
             text = transform(source) if transform else source
@@ -221,10 +240,13 @@ def _compiled(sources, transform=None):
             continue
         for flags in (0, __future__.annotations.compiler_flag):
             try:
-                top = compile(text, "<cell>", "exec", flags, dont_inherit=True)
+                tree = compile(text, "<cell>", "exec", flags | await_flag | ast.PyCF_ONLY_AST, dont_inherit=True)
             except (SyntaxError, ValueError):
                 continue
-            prints.update(_fingerprint(c) for c in _codes(top))
+            add(tree, "exec", flags)
+            for statement in tree.body:
+                add(ast.Module([statement], []), "exec", flags)
+                add(ast.Interactive([statement]), "single", flags)
     return prints
 
 
@@ -286,9 +308,15 @@ def _reseeded(offset):
     return swapped()
 
 
-def recheck(spec, seed, limit, restore, nonce, solutions_dir, cells, user_ns=None, publish=None):
+def recheck(spec, seed, limit, restore, nonce, solutions_dir, cells, user_ns=None, publish=None, budget=None):
     """Re-run every exercise's checker; publish (and return) {"exercises": {key: {outcome, message,
-    mistake}}, "patched_before": [...]}. ``user_ns`` and ``publish`` default to the kernel's."""
+    mistake}}, "patched_before": [...]}. ``user_ns`` and ``publish`` default to the kernel's.
+
+    ``limit``: seconds per exercise. ``budget``: seconds for all the exercises' checks together (None:
+    no total), counted from the first one. They share its one deadline: each gets at most ``limit``,
+    and at most its fair share of what is left (what is left / the exercises left), so that an endless
+    loop in one exercise costs that exercise alone, while time an exercise does not use goes to the
+    next ones."""
     import contextlib
     import importlib
     import inspect
@@ -371,8 +399,10 @@ def recheck(spec, seed, limit, restore, nonce, solutions_dir, cells, user_ns=Non
     class GraderTimeout(BaseException):
         """Not an Exception: the checkers' and most learners' ``except Exception`` let it through."""
 
+    allowed = [limit]  # this exercise's seconds
+
     def on_alarm(signum, frame):
-        raise GraderTimeout(f"the checker did not finish within {limit:g} s (an endless loop?)")
+        raise GraderTimeout(f"the checker did not finish within {allowed[0]:.3g} s (an endless loop?)")
 
     signal.signal(signal.SIGALRM, on_alarm)
     used = []
@@ -398,9 +428,17 @@ def recheck(spec, seed, limit, restore, nonce, solutions_dir, cells, user_ns=Non
     learner_threads = [i for i in sys._current_frames() if i != me and i not in restore.kernel_threads]
     results = {"patched_before": patched_before, "exercises": {}}
     seq = 0
-    for ex in spec:
+    deadline = None if budget is None else time.monotonic() + budget
+    for index, ex in enumerate(spec):
         outcome, message, mistake, site = "failed", "", "", ""
-        if ex["name"] not in user_ns:
+        allowed[0] = limit
+        if deadline is not None:
+            allowed[0] = min(limit, (deadline - time.monotonic()) / (len(spec) - index))
+        if allowed[0] < 0.01:
+            message = (f"Timed out: the grader's re-check has {budget:g} s for all the exercises together, and "
+                       "they were spent before this one was checked.")
+            mistake = "grader: re-check time spent"
+        elif ex["name"] not in user_ns:
             outcome, message = "missing", f"`{ex['name']}` is not defined: the exercise cell is missing."
         else:
             candidate = user_ns[ex["name"]]
@@ -414,7 +452,7 @@ def recheck(spec, seed, limit, restore, nonce, solutions_dir, cells, user_ns=Non
             before, printed = len(common.RESULTS), io.StringIO()
             used.clear()
             cpu_before = cpu_of(learner_threads)
-            signal.setitimer(signal.ITIMER_REAL, limit)
+            signal.setitimer(signal.ITIMER_REAL, allowed[0])
             threading.settrace(tracer)
             sys.settrace(tracer)
             try:

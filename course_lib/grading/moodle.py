@@ -19,11 +19,11 @@ here; the report and the grader's log list it (and grades.csv keeps its row).
 
 from __future__ import annotations
 
-import csv
 from pathlib import Path
 
+from .csvfile import write_csv
 from .lessons import Lesson
-from .points import earned, number
+from .points import earned
 from .roster import Roster, RosterMatch
 from .runner import Graded
 
@@ -49,14 +49,13 @@ def write_moodle(path: Path, lesson: Lesson, rows: list[Graded], roster: Roster 
                  matched: RosterMatch | None, identity: str, points: dict[str, float]) -> None:
     """Write the rows of ``lesson`` for Moodle: one line per learner that has an identity."""
     column = identity_column(roster, identity) if roster else None
-    with path.open("w", newline="", encoding="utf-8") as f:
-        out = csv.writer(f)
-        out.writerow([MOODLE_IDS[identity][0], f"Lesson {lesson.lesson_id}"])
-        for row in sorted(rows, key=lambda r: r.student):
-            if roster is None:
-                value = row.student
-            elif matched is not None and row.student in matched.matched:
-                value = matched.matched[row.student][column]
-            else:
-                continue  # not in the roster: listed in the report
-            out.writerow([value, number(sum(earned(row.results, points).values()))])
+    lines: list[list[object]] = [[MOODLE_IDS[identity][0], f"Lesson {lesson.lesson_id}"]]
+    for row in sorted(rows, key=lambda r: r.student):
+        if roster is None:
+            value = row.student
+        elif matched is not None and row.student in matched.matched:
+            value = matched.matched[row.student][column]
+        else:
+            continue  # not in the roster: listed in the report
+        lines.append([value, sum(earned(row.results, points).values())])
+    write_csv(path, lines)

@@ -2,8 +2,10 @@
 
 Options: ``--points`` (course_lib.grading.points), ``--roster`` and ``--roster-key``
 (roster), ``--canvas-assignment NN=ID`` (canvas), ``--moodle-id email|username|idnumber``
-(moodle). ``grades_canvas_NN.csv`` is written when a roster or a Canvas assignment id is given,
-``grades_moodle_NN.csv`` when ``--moodle-id`` is.
+(moodle). ``grades_canvas_NN.csv`` is written when a Canvas assignment id is given, or a roster
+that is Canvas's (``writes_canvas``); ``grades_moodle_NN.csv`` when ``--moodle-id`` is. A roster
+that is neither (no Canvas column, no ``--moodle-id``) gets no platform file, and the log says so.
+Every CSV cell goes through ``csvfile.write_csv`` (no cell opens as a formula in a spreadsheet).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .canvas import write_canvas
+from .canvas import CANVAS_COLUMNS, write_canvas
 from .lessons import Lesson
 from .moodle import MOODLE_IDS, identity_column, write_moodle
 from .points import parse_points
@@ -43,8 +45,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="points per exercise, e.g. 09.lm_train=3,09.generate=2, or a .json/.toml/.csv "
                              "file (default: 1 each)")
     parser.add_argument("--roster", type=Path, default=None,
-                        help="the platform's roster export (Canvas: Grades > Export), to write "
-                             "grades_canvas_NN.csv and to list learners missing on either side")
+                        help="the platform's roster export (Canvas: Grades > Export; Moodle's with --moodle-id), "
+                             "to write grades_canvas_NN.csv (for Canvas's) or grades_moodle_NN.csv and to list "
+                             "learners missing on either side")
     parser.add_argument("--roster-key", default=None,
                         help=f"the roster column that holds the file names' learner ids (default {DEFAULT_KEY!r})")
     parser.add_argument("--canvas-assignment", action="append", default=[], metavar="NN=ID",
@@ -89,6 +92,16 @@ def from_arguments(args: argparse.Namespace, lessons: dict[str, Lesson],
     return Platform(points, roster, given, moodle_id)
 
 
+def writes_canvas(platform: Platform) -> bool:
+    """Whether a run writes grades_canvas_NN.csv: for a Canvas assignment id given, or for a roster
+    that is Canvas's, one with a column Canvas finds its learners by (``Student``, ``ID``, ``SIS User
+    ID``, ``SIS Login ID``). A Canvas file made from another roster (Moodle's export) would have
+    every identity cell empty."""
+    if platform.canvas_assignments:
+        return True
+    return platform.roster is not None and any(c in platform.roster.columns for c in CANVAS_COLUMNS[:4])
+
+
 def write_platform(out: Path, rows: list[Graded], lessons: dict[str, Lesson], platform: Platform,
                    matched: RosterMatch | None) -> list[str]:
     """Write grades_canvas_NN.csv and grades_moodle_NN.csv per lesson; return the log's lines."""
@@ -97,7 +110,7 @@ def write_platform(out: Path, rows: list[Graded], lessons: dict[str, Lesson], pl
     key = platform.roster.key if platform.roster else DEFAULT_KEY
     for lid in sorted({r.lesson for r in rows if r.lesson}):
         mine = [r for r in rows if r.lesson == lid]
-        if platform.roster is not None or platform.canvas_assignments:
+        if writes_canvas(platform):
             write_canvas(out / f"grades_canvas_{lid}.csv", lessons[lid], mine, matched, key, platform.points,
                          ids.get(lid))
             lines.append(f"grades_canvas_{lid}.csv" + ("" if ids.get(lid) else
@@ -107,6 +120,9 @@ def write_platform(out: Path, rows: list[Graded], lessons: dict[str, Lesson], pl
             write_moodle(out / f"grades_moodle_{lid}.csv", lessons[lid], mine, platform.roster, matched,
                          platform.moodle_id, platform.points)
             lines.append(f"grades_moodle_{lid}.csv")
+    if platform.roster is not None and not writes_canvas(platform) and not platform.moodle_id:
+        lines.append(f"no platform file: the roster {platform.roster.path.name} has none of Canvas's columns "
+                     f"({', '.join(CANVAS_COLUMNS[:4])}); for Moodle's, give --moodle-id")
     return lines
 
 

@@ -10,11 +10,11 @@ file to import into a learning platform's assignment for that lesson.
 
 from __future__ import annotations
 
-import csv
 import html
 from collections import Counter
 from pathlib import Path
 
+from .csvfile import write_csv
 from .lessons import Lesson
 from .points import earned, number, worth
 from .roster import RosterMatch, describe
@@ -32,13 +32,12 @@ def _columns(rows: list[Graded], lessons: dict[str, Lesson]) -> list[str]:
 
 
 def _csv(path: Path, rows: list[Graded], keys: list[str], points: dict[str, float]) -> None:
-    with path.open("w", newline="", encoding="utf-8") as f:
-        out = csv.writer(f)
-        out.writerow(["student", "lesson", *keys, "total", "status"])
-        for r in rows:
-            marks = earned(r.results, points)
-            out.writerow([r.student, r.lesson, *[number(marks[k]) if k in marks else "" for k in keys],
-                          number(sum(marks.values())), r.status])
+    lines: list[list[object]] = [["student", "lesson", *keys, "total", "status"]]
+    for r in rows:
+        marks = earned(r.results, points)
+        lines.append([r.student, r.lesson, *[marks[k] if k in marks else "" for k in keys],
+                      sum(marks.values()), r.status])
+    write_csv(path, lines)  # a learner's id such as "=2+5" is written as text, not as a formula
 
 
 def mistake_of(result: dict[str, str]) -> tuple[str, str]:

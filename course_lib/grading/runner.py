@@ -28,18 +28,38 @@ from .lessons import NOTEBOOK_DIR, Lesson, match_lesson, read_lessons
 _HERE = Path(__file__).resolve().parent
 COURSE_LIB = _HERE.parent
 # The most important problem first: a row shows one status.
-STATUS_ORDER = ["not a notebook", "unknown lesson", "grader error", "results forged", "kernel died",
+STATUS_ORDER = ["too large", "not a notebook", "unknown lesson", "grader error", "results forged", "kernel died",
                 "timeout", "memory limit", "output too large", "stub moved", "cells deleted",
                 "cells reordered", "graded"]
 _MIME = "application/vnd.course-grader+json"  # kernel_side.MIME
+# The largest notebook the grader reads (--max-notebook-mb). The course's largest lesson notebook,
+# outputs included, is under 3 MB (02_multi_head_attention.ipynb, 2.9 MB); a learner's adds figures
+# and printed output, still a few MB. Reading and parsing a notebook costs the grader several times
+# its size (a 150 MB one took it to 1.4 GB), in each worker; 50 MB keeps that bounded, with room
+# for any honest notebook.
+MAX_NOTEBOOK_MB = 50.0
+# The re-check's one budget for all of a notebook's exercises together (--recheck-timeout): it is
+# this, or the exercises' cell limits added up if that is less (lesson 00 at --timeout 20: 60 s).
+# The kernel gives each exercise at most the cell limit and at most its fair share of what is left
+# (kernel_side.recheck). The whole re-check of the slowest lesson (10, then 09) took 12 s in-process
+# on a busy 2-core machine, more in a fresh kernel that imports transformers first: 300 s leaves an
+# exercise of lesson 11 (7 exercises) 43 s at least. The grader waits RECHECK_GRACE s more (the
+# re-check's own start: re-importing the checkers, compiling the cells) and then gives a kernel that
+# stopped answering up: a submission costs at most its notebook limit (and one cell's limit past
+# it) plus RECHECK_SECONDS + RECHECK_GRACE, whatever its number of exercises (before: n x the cell
+# limit + 300 s).
+RECHECK_SECONDS = 300.0
+RECHECK_GRACE = 30.0
 
 
 @dataclass
 class Settings:
-    cell_timeout: float = 120.0  # seconds per cell (and per exercise in the re-check)
+    cell_timeout: float = 120.0  # seconds per cell (and at most per exercise in the re-check)
+    recheck_timeout: float = RECHECK_SECONDS  # seconds for the whole re-check, all its exercises together
     notebook_timeout: float = 1800.0  # no cell starts after this many seconds
     memory_bytes: int = 8 * 2**30  # address space of the kernel
     output_bytes: int = 2 * 2**20  # printed output kept per notebook (50 x for all output)
+    max_notebook_bytes: int = int(MAX_NOTEBOOK_MB * 2**20)  # a larger file is not read (status "too large")
     threads: int = 1  # torch / OpenMP threads per kernel
     seed: int = -1  # the re-check's seed: -1 draws a fresh one per submission (see _recheck_seed)
     sandbox: str = "none"  # "bwrap": each kernel in a bubblewrap sandbox; "none": as a plain process
@@ -386,8 +406,10 @@ def _run(nb: Any, lesson: Lesson, scratch: Path, sockets: Path, settings: Settin
              f"    ns['restore'] = ns['snapshot']()\n    return ns\n{grader} = {grader}()")
     spec = [{"key": e.key, "name": e.name, "checker": e.checker, "args": e.args} for e in lesson.exercises]
     cells = [c.source for c in nb.cells if c.cell_type == "code"]
+    budget = recheck_budget(settings, len(spec))
     recheck = (f"{grader}['recheck']({spec!r}, {_recheck_seed(settings.seed)}, {settings.cell_timeout}, "
-               f"{grader}['restore'], {nonce!r}, {str(COURSE_LIB / 'solutions')!r}, {cells!r})\nNone")
+               f"{grader}['restore'], {nonce!r}, {str(COURSE_LIB / 'solutions')!r}, {cells!r}, "
+               f"budget={budget})\nNone")
     client = _client(nb, scratch, sockets, settings)
     start = time.monotonic()
     alive = True
@@ -412,7 +434,10 @@ def _run(nb: Any, lesson: Lesson, scratch: Path, sockets: Path, settings: Settin
                 client.execute_cell(cell, index)
             nb.cells[-1] = new_code_cell(recheck)
             client.grader_cell = len(nb.cells) - 1
-            client.timeout = settings.cell_timeout * len(spec) + 300
+            # one deadline for the whole re-check, however many exercises: the kernel keeps to it
+            # itself (kernel_side.recheck's budget); a kernel that stops answering is given up
+            # RECHECK_GRACE s after it (it was n x cell_timeout + 300 s)
+            client.timeout = budget + RECHECK_GRACE
             client.execute_cell(nb.cells[-1], len(nb.cells) - 1)
     except DeadKernelError:
         alive = False
@@ -446,6 +471,12 @@ def _run(nb: Any, lesson: Lesson, scratch: Path, sockets: Path, settings: Settin
                      f"({row.status}).", "mistake": ""})
 
 
+def recheck_budget(settings: Settings, exercises: int) -> float:
+    """The re-check's seconds for ``exercises`` exercises' checks together: ``recheck_timeout``, or
+    the cell limit times their number if that is less."""
+    return min(settings.recheck_timeout, settings.cell_timeout * max(1, exercises))
+
+
 def _recheck_seed(seed: int) -> int:
     """The re-check's seed: drawn afresh for every run, so its inputs are not the notebook's (whose
     cells seed with small fixed numbers) and cannot be recorded in advance; ``seed`` only decides
@@ -453,19 +484,48 @@ def _recheck_seed(seed: int) -> int:
     return secrets.randbits(31) if seed < 0 else 10_000 + seed
 
 
+def read_notebook(path: Path, max_bytes: int) -> tuple[str | None, int]:
+    """(the file's text, its size in bytes), or (None, its size) if it is larger than ``max_bytes``:
+    then it is not read (its size comes from the file system; a file that grows meanwhile is read
+    no further than one byte past the limit). OSError if it cannot be read."""
+    size = os.stat(path).st_size
+    if size > max_bytes:
+        return None, size
+    with open(path, "rb") as f:
+        data = f.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        return None, max(size, len(data))
+    return data.decode("utf-8", errors="replace"), len(data)
+
+
+def too_large(row: Graded, size: int, max_bytes: int) -> Graded:
+    """``row`` as a notebook over the size limit leaves it: status "too large", no marks."""
+    row.status = "too large"
+    row.notes.append(f"too large: {size / 2**20:.1f} MB, the limit is {max_bytes / 2**20:.3g} MB "
+                     "(--max-notebook-mb); it was not read")
+    return row
+
+
 def grade_submission(path: Path, settings: Settings, lessons: dict[str, Lesson] | None = None,
-                     content: str | None = None) -> Graded:
+                     content: str | None = None, size: int | None = None) -> Graded:
     """Grade one submitted notebook (its text ``content``, read by the grader before any kernel ran,
-    else ``path``); never raises for a bad submission. Every process the submission started is ended
-    and its scratch folder removed before this returns."""
+    else ``path``); never raises for a bad submission. ``size``: the file's size when the grader
+    found it larger than ``settings.max_notebook_bytes`` and did not read it. Every process the
+    submission started is ended and its scratch folder removed before this returns."""
     import nbformat
 
     warnings.filterwarnings("ignore", module="nbformat")  # a learner's notebook format is not our news
     began = time.monotonic()
     row = Graded(student=path.stem)
     lessons = lessons or read_lessons()
+    if content is None and size is not None and size > settings.max_notebook_bytes:
+        return too_large(row, size, settings.max_notebook_bytes)
     try:
-        text = content if content is not None else path.read_text(encoding="utf-8")
+        if content is None:
+            content, size = read_notebook(path, settings.max_notebook_bytes)
+            if content is None:
+                return too_large(row, size, settings.max_notebook_bytes)
+        text = content
         nb = nbformat.reads(text, as_version=4)
         if not isinstance(nb.get("cells"), list):
             raise ValueError("no cells")
@@ -563,5 +623,5 @@ def configure_worker(threads: int) -> None:
     os.environ["PYDEVD_DISABLE_FILE_VALIDATION"] = "1"
 
 
-__all__ = ["Settings", "Graded", "grade_submission", "configure_worker", "become_subreaper", "end_processes",
-           "STATUS_ORDER", "NOTEBOOK_DIR"]
+__all__ = ["Settings", "Graded", "grade_submission", "read_notebook", "MAX_NOTEBOOK_MB", "RECHECK_SECONDS",
+           "configure_worker", "become_subreaper", "end_processes", "STATUS_ORDER", "NOTEBOOK_DIR"]

@@ -321,27 +321,6 @@ def _notebook_constant(lesson: str, name: str) -> object:
     raise AssertionError(f"lesson {lesson} assigns no {name}")
 
 
-@pytest.fixture
-def checkers_put_back():
-    """The re-check re-imports course_lib.checks; put this process's modules back after it."""
-    import signal
-
-    import course_lib.checks  # noqa: F401
-
-    saved = {n: m for n, m in sys.modules.items() if n.startswith("course_lib.checks")}
-    handler = signal.getsignal(signal.SIGALRM)
-    try:
-        yield
-    finally:
-        for name in [n for n in sys.modules if n.startswith("course_lib.checks")]:
-            del sys.modules[name]
-        sys.modules.update(saved)
-        import course_lib
-
-        course_lib.checks = saved["course_lib.checks"]
-        signal.signal(signal.SIGALRM, handler)
-
-
 def _learner_namespace(lesson_id: str, keys: list[str]) -> tuple[dict, list[str]]:
     """A namespace as the notebook leaves it: the names the lesson's solutions file imports, then
     every solution block run as a cell (compiled from its text, as the kernel compiles a cell)."""

@@ -6,12 +6,12 @@ The zip is built by ``python -m course_lib.grading.gradescope``; its contents ar
 skipped: run_autograder runs with this venv's Python (``AUTOGRADER_PYTHON``) and the zip's own
 course_lib (its PYTHONPATH). Each submission gets its own root, as each gets its own container on
 Gradescope, and the runs go side by side: a correct, a wrong and a faked lesson-00 notebook
-(tests/grading/grade_class.py), and the four that must not crash: nothing submitted, no notebook, a
-notebook that is not one, another lesson's notebook. Those four are refused before any grader or
-kernel starts: ``nothing`` goes through run_autograder, the other three through the module it runs
-(``python -m course_lib.grading.gradescope_run``), called in this process on roots laid out the
-same way. Each results.json is checked against the specification's fields (``check_results``
-below) and its expected scores.
+(tests/grading/grade_class.py), and the five that must not crash: nothing submitted, no notebook, a
+notebook that is not one, another lesson's notebook, a notebook over the size limit (a sparse file).
+Those five are refused before any grader or kernel starts: ``nothing`` goes through run_autograder,
+the other four through the module it runs (``python -m course_lib.grading.gradescope_run``), called
+in this process on roots laid out the same way. Each results.json is checked against the
+specification's fields (``check_results`` below) and its expected scores.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ TEST = {"score": (int, float), "max_score": (int, float), "status": str, "name":
 POINTS = "00.gradient=2"
 # refused before any grader or kernel starts: the module run_autograder runs, called in this process
 # (``nothing`` goes through run_autograder itself, as the gradable submissions do)
-IN_PROCESS = {"no_notebook", "not_a_notebook", "other_lesson"}
+IN_PROCESS = {"no_notebook", "not_a_notebook", "other_lesson", "too_large"}
 
 
 def check_results(data: dict) -> None:
@@ -75,7 +75,7 @@ def autograder(tmp_path_factory):
     return tmp / "autograder.zip"
 
 
-def _submissions() -> dict[str, dict[str, bytes]]:
+def _submissions() -> dict[str, dict[str, bytes | int]]:
     import nbformat
 
     main_class, _ = build()
@@ -86,7 +86,8 @@ def _submissions() -> dict[str, dict[str, bytes]]:
             "nothing": {},
             "no_notebook": {"answers.pdf": b"%PDF-1.4", "notes.txt": b"hi"},
             "not_a_notebook": {"00_introduction.ipynb": b"my homework, as text"},
-            "other_lesson": {"01_attention.ipynb": nbformat.writes(solve(lesson("01"), "01.top_key")).encode()}}
+            "other_lesson": {"01_attention.ipynb": nbformat.writes(solve(lesson("01"), "01.top_key")).encode()},
+            "too_large": {"00_introduction.ipynb": 150 * 2**20}}  # a sparse file of that size
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +103,11 @@ def results(autograder, tmp_path_factory):
         (root / "run_autograder").write_bytes((root / "source" / "run_autograder").read_bytes())
         (root / "run_autograder").chmod(0o755)
         for file_name, content in files.items():
-            (root / "submission" / file_name).write_bytes(content)
+            if isinstance(content, int):
+                with (root / "submission" / file_name).open("wb") as f:
+                    f.truncate(content)
+            else:
+                (root / "submission" / file_name).write_bytes(content)
         if name in IN_PROCESS:
             roots[name] = root
             continue
@@ -186,6 +191,7 @@ def test_scores_and_messages(results):
     ("no_notebook", ["answers.pdf, notes.txt, but no notebook"]),
     ("not_a_notebook", ["00_introduction.ipynb is not a notebook"]),
     ("other_lesson", ["lesson 01's notebook; this assignment is lesson 00"]),
+    ("too_large", ["00_introduction.ipynb is too large: 150.0 MB, the limit is 50 MB", "Clear its outputs"]),
 ])
 def test_a_submission_that_cannot_be_graded_gets_0_and_says_why(results, name, words):
     data = results[name]

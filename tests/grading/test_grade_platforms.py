@@ -279,3 +279,68 @@ def test_two_files_for_one_roster_learner_stop_before_grading(tmp_path, capsys):
     assert stop.value.code == 2
     assert "'Ada' and 'ada' both match the SIS Login ID 'ada'" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+# ----------------------------------------------------------------------------------------------
+# Files an instructor opens in a spreadsheet: no cell is a formula (#49)
+# ----------------------------------------------------------------------------------------------
+
+FORMULA_IDS = ["=2+5", "+1", "-x", "@SUM(A1)", "\tcmd", "\rcmd"]
+
+
+def test_no_csv_cell_opens_as_a_formula(tmp_path):
+    """A learner's id is the file's stem, which the learner chose: ``=2+5.ipynb`` must not be a
+    formula in any file the grader writes (OWASP: a leading ``'`` for = + - @ tab CR)."""
+    from course_lib.grading.csvfile import FORMULA_STARTS, cell
+
+    rows = [row(stem, [1, 0, 1]) for stem in FORMULA_IDS] + [row("ada", [1, 1, 1])]
+    roster = tmp_path / "roster.csv"
+    roster.write_text("Student,ID,SIS User ID,SIS Login ID,Section\n"
+                      + "".join(f'"{s} name",{i},S{i},"{s}",=HYPERLINK(1)\n' for i, s in enumerate(FORMULA_IDS[:4])),
+                      encoding="utf-8")
+    write(tmp_path / "canvas", rows, "--roster", str(roster), "--canvas-assignment", "00=12")
+    write(tmp_path / "moodle", rows, "--moodle-id", "username")
+    files = sorted((tmp_path / "canvas").glob("*.csv")) + sorted((tmp_path / "moodle").glob("*.csv"))
+    assert {p.name for p in files} == {"grades.csv", "grades_00.csv", "grades_canvas_00.csv", "grades_moodle_00.csv"}
+    for path in files:
+        cells = [c for line in csv_rows(path) for c in line]
+        assert not [c for c in cells if c.startswith(FORMULA_STARTS)], path.name
+        for stem in FORMULA_IDS:
+            assert "'" + stem in cells or f"'{stem} name" in cells or f"'{stem} (not in roster)" in cells, \
+                (path.name, stem)
+    grades = {r[0]: r for r in csv_rows(tmp_path / "canvas" / "grades.csv")}
+    assert grades["'=2+5"][1:] == ["00", "1", "0", "1", "2", "graded"]  # the marks stay numbers
+    canvas = {r[1]: r for r in csv_rows(tmp_path / "canvas" / "grades_canvas_00.csv")}
+    assert canvas["0"] == ["'=2+5 name", "0", "S0", "'=2+5", "'=HYPERLINK(1)", "2"]  # roster cells are text too
+    # numbers are written as numbers, a negative one too; only text gets the quote
+    assert [cell(v) for v in (-1, -1.5, 3.0, 0, "-1", "a-b", "", None)] == \
+        ["-1", "-1.5", "3", "0", "'-1", "a-b", "", ""]
+
+
+def test_every_csv_the_grader_writes_goes_through_one_function():
+    grading = ROOT / "course_lib" / "grading"
+    writers = [p.name for p in grading.glob("*.py") if "csv.writer" in p.read_text(encoding="utf-8")]
+    assert writers == ["csvfile.py"]
+
+
+def test_a_moodle_roster_writes_only_moodles_file(tmp_path):
+    (tmp_path / "moodle.csv").write_text(MOODLE_EXPORT, encoding="utf-8")
+    moodle = ["--roster", str(tmp_path / "moodle.csv"), "--roster-key", "Email address"]
+    rows = [row("ada@uni.example", [1, 1, 1])]
+    log = write(tmp_path / "m", rows, *moodle, "--moodle-id", "email")
+    assert (tmp_path / "m" / "grades_moodle_00.csv").exists()
+    assert not (tmp_path / "m" / "grades_canvas_00.csv").exists()  # its identity cells would all be empty
+    assert "grades_canvas" not in " ".join(log)
+    # without --moodle-id, no platform file at all, and the log says why
+    log = write(tmp_path / "none", rows, *moodle)
+    assert not list((tmp_path / "none").glob("grades_*_00.csv"))
+    assert any("no platform file: the roster moodle.csv has none of Canvas's columns" in line for line in log)
+    # a Canvas assignment id asks for Canvas's file, whatever the roster; Canvas's roster gets both
+    write(tmp_path / "both", rows, *moodle, "--moodle-id", "email", "--canvas-assignment", "00=7")
+    assert (tmp_path / "both" / "grades_canvas_00.csv").exists()
+    (tmp_path / "canvas.csv").write_text(CANVAS_EXPORT.replace("Section,", "Section,Username,").replace(
+        ",Sec ", ",x,Sec "), encoding="utf-8")
+    write(tmp_path / "canvas", [row("ada", [1, 1, 1])], "--roster", str(tmp_path / "canvas.csv"), "--moodle-id",
+          "username")
+    assert {p.name for p in (tmp_path / "canvas").glob("grades_*_00.csv")} == {"grades_canvas_00.csv",
+                                                                              "grades_moodle_00.csv"}

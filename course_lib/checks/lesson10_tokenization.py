@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from .common import CheckFailure, checker, is_course_lib, run_learner
+from .common import CheckFailure, alarm_within, checker, is_course_lib, run_learner
 
 __all__ = ["check_token_counts"]
 
@@ -131,30 +131,27 @@ def _watched(seconds: float, refuse: bool = True, allowed: frozenset = frozenset
         if found and not inside_allowed[0]:
             seen.add(found)
 
-    def alarm(signum: int, frame: Any) -> None:  # noqa: ARG001 (signal handler signature)
+    def alarm() -> None:
         raise _OutOfTime
 
     def cpu_spent(signum: int, frame: Any) -> None:  # noqa: ARG001
         raise _OutOfCPU
 
     previous_profile = sys.getprofile()
-    previous_handler = previous_cpu_handler = None
-    if use_alarm:
-        previous_handler = signal.signal(signal.SIGALRM, alarm)
-        signal.setitimer(signal.ITIMER_REAL, seconds)
-        if cpu_seconds is not None:
-            previous_cpu_handler = signal.signal(signal.SIGPROF, cpu_spent)
-            signal.setitimer(signal.ITIMER_PROF, cpu_seconds)
-    if refuse or not use_alarm:
-        sys.setprofile(profile)
-    try:
-        yield seen
-    finally:
-        sys.setprofile(previous_profile)
-        if use_alarm:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, previous_handler)
+    previous_cpu_handler = None
+    with contextlib.ExitStack() as stack:
+        if use_alarm:  # nested in the grader's timer, if one runs (it keeps running)
+            stack.enter_context(alarm_within(seconds, alarm))
             if cpu_seconds is not None:
+                previous_cpu_handler = signal.signal(signal.SIGPROF, cpu_spent)
+                signal.setitimer(signal.ITIMER_PROF, cpu_seconds)
+        if refuse or not use_alarm:
+            sys.setprofile(profile)
+        try:
+            yield seen
+        finally:
+            sys.setprofile(previous_profile)
+            if use_alarm and cpu_seconds is not None:
                 signal.setitimer(signal.ITIMER_PROF, 0)
                 signal.signal(signal.SIGPROF, previous_cpu_handler)
 

@@ -1,22 +1,25 @@
 """Lesson 13's measurements: peak memory and time of attention's forward and backward pass at long
-lengths, each size in a fresh process, stored per float path in course_lib/results/flash_memory.json.
+lengths, each size in a fresh process, stored per float path in
+course_lib/results/flash_memory.json.
 
-    python scripts/flash_memory.py                 (make flash-memory: L = 1k..16k, 32k without the
-                                                    naive version; about 5 min on 2 cores)
-    python scripts/flash_memory.py --extras        (only the profile and FlexAttention's compile time)
+    python scripts/flash_memory.py                 (make flash-memory: L = 1k..16k, 32k without
+                                                    the naive version; about 5 min on 2 cores)
+    python scripts/flash_memory.py --extras        (only the profile and FlexAttention's timings)
     python scripts/flash_memory.py --one tiled 4096   (one measurement, printed as JSON)
 
 Three versions of the same attention (one sequence, one head, head_dim 64, float32, no mask):
 ``naive`` (lesson 01's, the whole L x L score matrix), ``tiled`` (course_lib.flash, FlashAttention-2
 in PyTorch, blocks of 256) and ``sdpa`` (PyTorch's ``F.scaled_dot_product_attention``, its C++
-kernel), on one thread. Peak memory is measured, not computed: the process's peak resident memory (``ru_maxrss``)
-after the forward and backward pass, minus its peak before them (with the inputs already made and
-every kernel already run once on a small input). The naive version at 32k would need about 16 GiB
-and is not run: the machine is shared, and the script keeps below about 8 GiB.
+kernel), on one thread. Peak memory is measured, not computed: the process's peak resident memory
+(``ru_maxrss``) after the forward and backward pass, minus its peak before them (with the inputs
+already made and every kernel already run once on a small input). The naive version at 32k would
+need about 12 GiB (12.0 bytes per L^2 measured at 16k) and is not run, as the machine is shared;
+any other run that would leave less than about 1 GiB of memory available is skipped.
 
 It also profiles the tiled pass at L = 4096 (``torch.profiler``) and stores the share of the time of
-each kind of operation, for the lesson's "where the time goes"; and times FlexAttention with a document
-mask at L = 1024 in a fresh process: eager, its first compiled call (the compile) and the compiled kernel.
+each kind of operation, for the lesson's "where the time goes"; and times FlexAttention with a
+document mask at L = 1024 in a fresh process: eager, its first compiled call (the compile) and the
+compiled kernel.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from course_lib.flash import flash_attention, naive_attention  # noqa: E402
 from course_lib.studies.stored import save_runs  # noqa: E402
 
 LENGTHS = [1024, 2048, 4096, 8192, 16384, 32768]
-NAIVE_MAX = 16384  # 32k: the naive pass would hold about 16 GiB
+NAIVE_MAX = 16384  # 32k: the naive pass would hold about 12 GiB (12.0 L^2 bytes measured at 16k)
 HEAD_DIM, BLOCK = 64, 256
 VERSIONS = ["naive", "tiled", "sdpa"]
 

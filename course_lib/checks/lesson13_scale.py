@@ -3,12 +3,15 @@
 * ``check_score_bytes(fn)``: ``fn() -> number``, the bytes of one layer's score matrix of GPT-2
   small (12 heads) at L = 32,768 in float32, one sequence (a "predict, then run" question).
 * ``check_merge_states(fn)``: ``fn(m_a, ell_a, o_a, m_b, ell_b, o_b) -> (m, ell, o)``, the merge of
-  two partial softmax states. Reference: course_lib's ``merge_softmax_states`` and the softmax.
+  two partial softmax states. Reference: course_lib's ``merge_softmax_states`` and the softmax;
+  also an empty state and scores up to 1000 (absolute exponentials overflow there).
 * ``check_flash_fix(fn)``: ``fn(q (L_q, d), k (L_k, d), v (L_k, d_v), block_k=16) -> (L_q, d_v)``,
-  the repaired one-head tiled attention of the Debug exercise. Reference: PyTorch's SDPA.
+  the repaired one-head tiled attention of the Debug exercise. Reference: PyTorch's SDPA; the last
+  case is float32 with scores of 100 to 1000 (exp without the running maximum overflows).
 * ``check_flash_forward(fn)``: ``fn(q, k, v, is_causal=False, block_q=32, block_k=32) -> (out, lse)``,
   the learner's FlashAttention forward (★★★). Reference: SDPA and ``torch.logsumexp`` of the
-  scores; also checked: no tensor larger than a tile or the inputs, and causal tiles skipped.
+  scores; also checked: no tensor larger than a tile or the inputs, and causal tiles skipped (no
+  tile computed that is masked whole).
 * ``check_locate(fn)``: ``fn(block_table, position, block_size) -> (physical block, slot)``.
 
 Every checker compares in float64, runs the learner's code under a time limit on one thread, and
@@ -118,6 +121,7 @@ class _Watch(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
         self.largest, self.largest_shape, self.exp_elements, self.fused = 0, (), 0, ""
+        self.zero_exps: list[tuple[tuple[int, ...], int]] = []  # (shape, numel) of all-zero exp outputs
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         out = func(*args, **(kwargs or {}))
@@ -130,6 +134,8 @@ class _Watch(TorchDispatchMode):
                     self.largest, self.largest_shape = t.numel(), tuple(t.shape)
                 if name in ("exp", "exp_", "_softmax", "softmax", "exp2", "_safe_softmax"):
                     self.exp_elements += t.numel()
+                    if t.dim() >= 2 and t.numel() and not t.any():  # a tile that is all future
+                        self.zero_exps.append((tuple(t.shape), t.numel()))
         return out
 
 
@@ -180,9 +186,11 @@ def _check_score_bytes(fn: Callable[[], Any]) -> None:
     for factor, reason in _SCORE_MISCOUNTS:
         if abs(got - right * factor) <= 1e-9 * right * factor:
             raise CheckFailure(f"Not quite: {reason}.", mistake=reason)
-    for unit, name in ((2**30, "GiB"), (1e9, "GB"), (2**20, "MiB"), (1e6, "MB")):
+    for unit, name in ((2**30, "GiB"), (1e9, "GB"), (2**20, "MiB"), (1e6, "MB"), (2**10, "KiB"),
+                       (1e3, "kB")):
         if abs(got - right / unit) <= 0.01 * right / unit:
-            raise CheckFailure(f"That looks like {name}: return plain bytes.")
+            raise CheckFailure(f"Observed: {got:,g}, which is the answer in {name} ({right:,} bytes / "
+                               f"{unit:,g}): return plain bytes.", mistake=f"answer in {name}")
     raise CheckFailure("Not quite: " + ("too small: a factor is missing" if got < right else
                                         "too large: a factor is too big") +
                        ". Count the numbers of Q K^T for one layer (heads x queries x keys), then "
@@ -226,7 +234,14 @@ def _merge_cases() -> list[tuple[str, tuple[torch.Tensor, ...], torch.Tensor, to
     cases.append(("3 rows; state a has seen no key yet (m = -inf, ell = 0, o = 0)",
                   empty + _state(scores, values), scores, values))
     cases.append(("3 rows; both states have seen no key", empty + empty, scores[:, :0], values[:, :0]))
+    scores = 100 + 900 * torch.rand(4, 10, generator=gen, dtype=torch.float64)  # exp(1000) overflows
+    values = torch.randn(4, 10, 3, generator=gen, dtype=torch.float64)
+    large = _state(scores[:, :4], values[:, :4]) + _state(scores[:, 4:], values[:, 4:])
+    cases.append((LARGE_MERGE_CASE, large, scores, values))
     return cases
+
+
+LARGE_MERGE_CASE = "4 rows, 4 + 6 keys, large scores (100 to 1000)"
 
 
 def _merge_mistakes() -> list[tuple[str, Callable[..., tuple[torch.Tensor, ...]]]]:
@@ -305,6 +320,15 @@ def _check_merge_states(fn: Callable[..., Any]) -> None:
             if t.shape != e.shape:
                 raise CheckFailure(f"Wrong shape ({case}): {name} is {tuple(t.shape)}, expected "
                                    f"{tuple(e.shape)}.")
+        if case == LARGE_MERGE_CASE and not all(torch.isfinite(t).all() for t in (m, ell, o)):
+            top = scores.max().item()
+            raise CheckFailure(
+                f"Observed ({case}): your m, ell or o contains NaN or inf when the scores reach "
+                f"{top:.0f} (m_a = {inputs[0].max().item():.0f}): exp of a number above about 709 "
+                "overflows float64 (above about 88 in float32). Likely mistake: an exponential of an "
+                "absolute score or maximum, such as exp(m_a); only differences of maxima, "
+                "exp(m_a - m) <= 1, stay finite.",
+                mistake="absolute exponentials overflow on large scores")
         if any(torch.isnan(t).any() for t in (m, ell, o)):
             raise CheckFailure(
                 f"Your result contains NaN ({case}). A state that has seen no key has m = -inf, and "
@@ -341,6 +365,8 @@ def _one_head(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_k: int, k
         p = torch.exp(s - m_new[:, None])
         alpha = torch.exp(m - m_new)
         ell = (ell if knob == "neither" else alpha * ell) + p.sum(-1)
+        if knob == "o inverted":
+            alpha = torch.exp(m_new - m)
         o = (o if knob in ("o", "neither") else alpha[:, None] * o) + p @ v[start:start + block_k]
         m = m_new
     return o / ell[:, None]
@@ -351,7 +377,10 @@ _FIX_CASES = [  # (case, L_q, L_k, d, d_v, block_k, the maximum grows in later b
     ("L_q=5, L_k=33, d=4, d_v=6, block_k=8", 5, 33, 4, 6, 8, True),
     ("L_q=3, L_k=12, d=8, block_k=1 (one key per block)", 3, 12, 8, 8, 1, True),
     ("L_q=4, L_k=10, d=8, block_k=16 (one block holds every key)", 4, 10, 8, 8, 16, False),
+    (LARGE_FIX_CASE := "L_q=6, L_k=40, d=8, block_k=16, float32, scores from about 100 to 1000",
+     6, 40, 8, 8, 16, True),
 ]
+LARGE_FIX_TOL = 1e-3  # float32 scores near 1000 carry errors near 1e-4 in any correct loop
 
 
 def _fix_inputs(n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -362,6 +391,12 @@ def _fix_inputs(n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     if grows:  # later keys line up with the queries: the running maximum grows block after block
         k = k + torch.linspace(0, 3, L_k, dtype=torch.float64)[:, None] * q.mean(0)
     v = torch.randn(L_k, d_v, generator=gen, dtype=torch.float64)
+    if _FIX_CASES[n][0] == LARGE_FIX_CASE:  # scores of 100 to 1000: exp(score) overflows float32
+        u = torch.nn.functional.normalize(torch.randn(d, generator=gen, dtype=torch.float64), dim=0)
+        q = u + 0.05 * torch.randn(L_q, d, generator=gen, dtype=torch.float64)
+        k = (100 + 900 * torch.rand(L_k, 1, generator=gen, dtype=torch.float64)) * math.sqrt(d) * u
+        k = k + torch.randn(L_k, d, generator=gen, dtype=torch.float64)
+        q, k, v = q.float(), k.float(), v.float()
     return q, k, v
 
 
@@ -385,7 +420,7 @@ def _check_flash_fix(fn: Callable[..., Any]) -> None:
         if seen or watch.fused or fused.called:
             raise CheckFailure("Your function calls a ready-made attention (course_lib's or PyTorch's "
                                "scaled_dot_product_attention): repair the loop itself.")
-        expected = F.scaled_dot_product_attention(q, k, v)  # (L_q, d_v)
+        expected = F.scaled_dot_product_attention(q.double(), k.double(), v.double())  # (L_q, d_v)
         if not isinstance(got, torch.Tensor) or tuple(got.shape) != (L_q, d_v):
             shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
             raise CheckFailure(f"Your function returns {shape} ({case}); expected a tensor ({L_q}, {d_v}).")
@@ -394,7 +429,17 @@ def _check_flash_fix(fn: Callable[..., Any]) -> None:
             raise CheckFailure(f"Your function makes a tensor of shape {watch.largest_shape} ({case}): as "
                                f"large as all {L_q} x {L_k} scores. Keep the loop over blocks of keys.")
         diff = _max_diff(got, expected)
-        if diff <= FIX_TOL:
+        if case == LARGE_FIX_CASE:
+            if not torch.isfinite(got).all():
+                top = (q.double() @ k.double().T / math.sqrt(d)).max().item()
+                raise CheckFailure(
+                    f"Not yet ({case}): observed NaN/inf in {int((~torch.isfinite(got)).sum())} of "
+                    f"{got.numel()} outputs, in float32, where the scores reach {top:.0f}. The cases before "
+                    "it are right. In float32, exp overflows once scores exceed ~88.",
+                    mistake="NaN/inf in float32 when scores exceed ~88")
+            if diff <= LARGE_FIX_TOL:
+                continue
+        elif diff <= FIX_TOL:
             continue
         if _max_diff(got, _one_head(q, k, v, block_k, "o")) <= FIX_TOL:
             _FIX_SEEN["o"] += 1
@@ -415,6 +460,13 @@ def _check_flash_fix(fn: Callable[..., Any]) -> None:
             raise CheckFailure(message + " When m grows, ell is rescaled by alpha = exp(m - m_new); is "
                                "everything else that was summed from the old m? show_solution(\"13.flash_fix\") "
                                "shows a fix.")
+        if _max_diff(got, _one_head(q, k, v, block_k, "o inverted")) <= FIX_TOL:
+            bad = int((~torch.isfinite(got)).sum())
+            reason = "o's factor is exp(m_new - m), the inverse of ell's"
+            raise CheckFailure(
+                f"Not yet ({case}): observed {bad} of {got.numel()} outputs NaN or inf. Your o is "
+                "multiplied by exp(m_new - m) at each block, while ell is multiplied by exp(m - m_new): "
+                "print that factor at the first block (m = -inf) and when m grows.", mistake=reason)
         for knob, reason in (("neither", "neither ell nor o shrinks when the maximum grows: the terms "
                                          "summed before stay measured from the old maximum"),
                              ("last block dropped", "the keys of the last, shorter block are never read: "
@@ -449,6 +501,9 @@ def _ref_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: b
         lse = torch.log(torch.exp(s - s.amax(-1, keepdim=True)).sum(-1))
     if knob == "lse log2":
         lse = lse / math.log(2)
+    if knob == "lse without log":
+        top = s.amax(-1)
+        lse = top + torch.exp(s - top[..., None]).sum(-1)
     return out, lse
 
 
@@ -475,24 +530,36 @@ def _tiled_knob(q, k, v, is_causal, bq, bk, knob):  # noqa: ANN001, ANN202
             p = torch.exp(s - m_new[..., None])
             alpha = torch.exp(m - m_new)
             ell = alpha * ell + p.sum(-1)
+            if knob == "o inverted":
+                alpha = torch.exp(m_new - m)
             o = (o if knob == "o not rescaled" else alpha[..., None] * o) + p @ v[:, :, j0:j1]
+            if knob in ("divided every tile", "divided every tile and at the end"):
+                o = o / ell[..., None]
             m = m_new
             if first_lse is None:
                 first_lse = m + torch.log(ell)
-        out[:, :, i0:i1] = o if knob == "not divided" else o / ell[..., None]
+        out[:, :, i0:i1] = o if knob in ("not divided", "divided every tile") else o / ell[..., None]
         lse[:, :, i0:i1] = first_lse if knob == "lse too early" else m + torch.log(ell)
     return out, lse
 
 
 _FORWARD_MISTAKES = [  # (knob, tiled?, what it is)
-    ("o not rescaled", True, "the output accumulator is not rescaled when the maximum grows (the Debug "
-                             "exercise's bug): multiply o by exp(m - m_new) as ell is"),
+    ("o not rescaled", True, "lse is right but out is not, in the rows whose largest score arrives in "
+                             "a later tile of keys; out equals a loop whose o is not rescaled when the "
+                             "running maximum grows (the Debug exercise's bug)"),
     ("lse too early", True, "the log-sum-exp is saved after the first tile of keys, not after the last: "
                             "the output is right, lse is not. Compute L_i = m + log(ell) once every "
                             "tile of keys has been merged"),
     ("last tile dropped", True, "the last, shorter tile is never read (its length is not a multiple of "
                                 "the block size): let the last tile end at min(start + block, L)"),
     ("not divided", True, "the output is not divided by ell after the last tile"),
+    ("divided every tile", True, "o is divided by the running sum ell in every tile, while the next "
+                                 "tile still adds unnormalised terms to it: divide once, after the "
+                                 "last tile"),
+    ("divided every tile and at the end", True, "o is divided by the running sum ell in every tile (and "
+                                                "again at the end): keep o unnormalised in the loop and "
+                                                "divide once, after the last tile"),
+    ("lse without log", False, "lse is m + ell, the log-sum-exp without the log: L_i = m + log(ell)"),
     ("no scale", False, "the scores are not divided by sqrt(head_dim)"),
     ("bottom-right", False, "the causal mask is aligned to the bottom right (query i sees keys up to "
                             "i + L_k - L_q): this exercise uses SDPA's is_causal, query i sees keys 0..i"),
@@ -523,6 +590,25 @@ def _forward_inputs(n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     k = k + torch.linspace(0, 2, L_k, dtype=torch.float64)[:, None] * q.mean(2, keepdim=True)  # growing max
     v = torch.randn(B, h, L_k, d, generator=gen, dtype=torch.float64)
     return q.to(dtype), k.to(dtype), v.to(dtype)
+
+
+def _check_causal_tiles(watch: _Watch, case: str, heads: int, L_q: int, L_k: int, bq: int, bk: int) -> None:
+    """Refuse a causal loop that computes tiles entirely in the future (all of them masked): each
+    such tile's exp is all zeros, while every needed tile has a key <= some query of it."""
+    heights = {min(bq, L_q - i0) for i0 in range(0, L_q, bq)}
+    widths = {min(bk, L_k - j0) for j0 in range(0, L_k, bk)}
+    extra = sum(numel / (shape[-2] * shape[-1] * heads) for shape, numel in watch.zero_exps
+                if shape[-2] in heights and shape[-1] in widths and shape[-2] > 1)
+    if round(extra) < 1:
+        return
+    needed = sum(len(range(0, min(L_k, i0 + bq, L_q), bk)) for i0 in range(0, L_q, bq))
+    raise CheckFailure(
+        f"Right numbers, but {needed + round(extra)} tiles computed, {needed} needed at "
+        f"{'L=' + str(L_q) if L_q == L_k else f'L_q={L_q}, L_k={L_k}'} with {bq}x{bk} blocks ({case}): "
+        f"{round(extra)} tile(s) of scores were computed and then masked whole (every key after every "
+        "query of the tile): the loop over key tiles goes on past the tile that holds the query "
+        "tile's last position.",
+        mistake="causal loop stops one tile late")
 
 
 @checker
@@ -558,6 +644,25 @@ def _check_flash_forward(fn: Callable[..., Any]) -> None:
             raise CheckFailure(f"Wrong shapes ({case}): out {tuple(out.shape)} and lse {tuple(lse.shape)}, "
                                f"expected {(B, h, L_q, d)} and {(B, h, L_q)}.")
         if not (torch.isfinite(out).all() and torch.isfinite(lse).all()):
+            if causal:
+                nd_out, nd_lse = _ref_forward(*(t.double() for t in (q, k, v)), True, "no diagonal")
+                tol_nd = 1e-9 if dtype == torch.float64 else 2e-5
+                rows_bad = (~torch.isfinite(_f64(out)).all(-1)) | (~torch.isfinite(_f64(lse)))
+                if (rows_bad.any() and not rows_bad[..., 1:].any()
+                        and _max_diff(_f64(out)[..., 1:, :], nd_out[..., 1:, :]) <= tol_nd
+                        and _max_diff(_f64(lse)[..., 1:], nd_lse[..., 1:]) <= tol_nd):
+                    reason = "the causal mask hides the diagonal: a query may attend to its own position"
+                    raise CheckFailure(
+                        f"Likely mistake ({case}): observed NaN or inf in query 0's row only, and every "
+                        "other row equals attention where query i sees keys 0..i-1: " + reason +
+                        " (query 0 then sees no key at all).", mistake=reason)
+            inv = _tiled_knob(*(t.double() for t in (q, k, v)), causal, bq, bk, "o inverted")
+            if _max_diff(_f64(out), inv[0]) <= 1e-6 and _max_diff(_f64(lse), inv[1]) <= 1e-6:
+                reason = "o is rescaled upside down, by exp(m_new - m) >= 1 (inf at the first tile, where m = -inf)"
+                raise CheckFailure(
+                    f"Likely mistake ({case}): observed NaN or inf in {int((~torch.isfinite(out)).sum())} "
+                    f"of {out.numel()} outputs while lse is right: {reason}. When the maximum grows the "
+                    "old terms shrink: o takes ell's factor, exp(m - m_new) <= 1.", mistake=reason)
             raise CheckFailure(f"Your out or lse contains NaN or inf ({case}): every query here sees at "
                                "least key 0. Look at rows whose tile is fully masked: exp(-inf - (-inf)) "
                                "is NaN.")
@@ -579,6 +684,8 @@ def _check_flash_forward(fn: Callable[..., Any]) -> None:
                     f"Right numbers, but every tile is computed ({case}): {watch.exp_elements} scores "
                     f"went through exp, as many as all {L_q} x {L_k} per head. A tile whose first key "
                     "comes after its last query is entirely in the future: skip it.")
+            if causal:
+                _check_causal_tiles(watch, case, B * h, L_q, L_k, bq, bk)
             continue
         for knob, tiled, reason in _FORWARD_MISTAKES:
             wrong = (_tiled_knob(qd, kd, vd, causal, bq, bk, knob) if tiled
@@ -622,6 +729,13 @@ def _check_locate(fn: Callable[..., Any]) -> None:
         right = (table[logical], slot)
         if got == right:
             continue
+        if isinstance(got, torch.Tensor) and got.numel() == 1:
+            got = int(got.item())
+        if isinstance(got, numbers.Integral) and got == table[logical] * size + slot:
+            raise CheckFailure(f"({case}) observed {got}: an index into the pool's flat array of slots "
+                               f"(block * block_size + slot); return the pair (physical block "
+                               f"table[{logical}] = {table[logical]}, slot {slot}).",
+                               mistake="the pool's flat index")
         if not (isinstance(got, tuple) and len(got) == 2):
             raise CheckFailure(f"Return a pair (physical block, slot), got {got!r} ({case}).")
         if got == (logical, slot):
@@ -633,6 +747,30 @@ def _check_locate(fn: Callable[..., Any]) -> None:
                 got[0] == table[logical - 1]:
             raise CheckFailure(f"({case}) one block too early: position {position} is in logical block "
                                f"{position} // {size} = {logical} (blocks count from 0).")
+        if position >= 1:
+            earlier = divmod(position - 1, size)
+            if got == (table[earlier[0]], earlier[1]):
+                raise CheckFailure(f"({case}) observed {got}: that is where position {position - 1} is "
+                                   f"stored, not {position}. Positions count from 0; use the position as "
+                                   "it is, not position - 1.", mistake="position - 1")
+        else:
+            if got == (table[-1], size - 1):
+                raise CheckFailure(f"({case}) observed {got}: the last slot of the last block, where "
+                                   "position -1 would be. Positions count from 0; use the position as "
+                                   "it is, not position - 1.", mistake="position - 1")
+        flat = table[logical] * size + slot
+        if got[0] == flat or got == (flat, slot) or got == (logical * size + slot, slot):
+            raise CheckFailure(f"({case}) observed {got}: {got[0]} is an index into the pool's flat array "
+                               f"of slots (block * block_size + slot); return the physical block "
+                               f"table[{logical}] = {table[logical]} and the slot {slot} apart.",
+                               mistake="the pool's flat index")
+        n = len(table)
+        by_len = (table[position // n] if position // n < n else None, position % n)
+        if got == by_len or (got[0] == table[logical] and got[1] == position % n != slot) or (
+                got[1] == slot and position // n < n and got[0] == table[position // n] != table[logical]):
+            raise CheckFailure(f"({case}) observed {got}: that divides by the table's length {n}, not by "
+                               f"block_size = {size}. Each block holds block_size positions; the table "
+                               "only says where each block is.", mistake="division by the table's length")
         raise CheckFailure(f"Not yet ({case}): you return {got}, expected {right}. Logical block n holds "
                            "positions n * block_size .. (n + 1) * block_size - 1.")
     print(f"check_locate: all {len(_LOCATE_CASES)} cases right. Well done!")

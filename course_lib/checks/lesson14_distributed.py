@@ -10,7 +10,8 @@
 * ``check_seeded_replicas(fn)``: the fixed ``fn(rank, world_size, batches) -> {name: weight}`` (the
   Debug exercise): both ranks end with one process's weights.
 * ``check_parallel_mlp(cls)``: ``cls(dense, rank, world_size)``, Megatron's MLP on 2 ranks: the dense
-  ``FeedForward``'s output and gradients, half of each matrix per rank, one all-reduce each way.
+  ``FeedForward``'s output and gradients, half of each matrix per rank (copies: no memory shared
+  with the dense layer), one all-reduce each way.
 
 The checkers of the distributed exercises run the learner's code on 2 gloo processes themselves
 (``course_lib.launch.run_on_ranks``: forked from the notebook's kernel on Linux, so a function
@@ -127,7 +128,26 @@ def check_accumulation(fn: Callable[..., Any]) -> None:
             for grads_wrong, message in wrong:
                 if _close(grads, grads_wrong):
                     raise CheckFailure(f"Likely mistake ({case}): {message}.", mistake=message)
-            last = _micro_grad(seed, x.chunk(k)[-1], y.chunk(k)[-1])
+            micro = [_micro_grad(seed, xs, ys) for xs, ys in zip(x.chunk(k), y.chunk(k))]
+            running = {n: torch.zeros_like(g) for n, g in expected.items()}
+            for g_micro in micro:  # .grad divided by k after every backward
+                running = {n: (running[n] + g_micro[n]) / k for n in running}
+            observed = f"Observed ({case}): your gradients are "
+            for grads_wrong, what, message in [
+                ({n: expected[n] * k * k for n in expected}, f"k^2 = {k * k} times the whole batch's",
+                 f"each micro-batch's loss is multiplied by k = {k} instead of divided by it"),
+                ({n: expected[n] * k * k / batch for n in expected},
+                 f"k^2 / B = {k * k}/{batch} times the whole batch's",
+                 f"each micro-batch's loss is divided by B/k = {batch // k} (its number of rows) "
+                 f"instead of by k = {k}: lm_loss is already a mean over the rows"),
+                (running, "smaller than the whole batch's, the first micro-batches' shares most",
+                 f".grad is divided by k = {k} after every backward, which shrinks the earlier "
+                 "micro-batches' gradients again and again: divide each loss by k once (or .grad "
+                 "once, after the loop)"),
+            ]:
+                if _close(grads, grads_wrong):
+                    raise CheckFailure(f"{observed}{what}. Likely mistake: {message}.", mistake=message)
+            last = micro[-1]
             for scale, message in ((1.0, "only the last micro-batch's gradient is left"),
                                    (1.0 / k, "only the last micro-batch's gradient (over k) is left")):
                 if _close(grads, {n: g * scale for n, g in last.items()}):
@@ -197,12 +217,26 @@ def check_average_gradients(fn: Callable[..., Any]) -> None:
                     f"Likely mistake ({case}): every gradient is {world} times the whole batch's, the "
                     "SUM over the ranks. Each rank's loss is already a mean over its share, so the "
                     "ranks' gradients must be averaged: divide the sum by the world size.")
+            for src in range(world):
+                if all(_close(x["grads"], results[src]["local"]) for x in results):
+                    message = (f"the gradients are broadcast from rank {src} (every rank gets rank {src}'s "
+                               "share's gradient), not averaged: all_reduce sums every rank's, then "
+                               "divide by the world size")
+                    raise CheckFailure(f"Observed ({case}): every rank's gradients equal rank {src}'s own "
+                                       f"share's gradients. Likely mistake: {message}.",
+                                       mistake="broadcast of the gradients")
             if _close(grads, r["local"]):
                 raise CheckFailure(
                     f"Likely mistake ({case}): rank {rank}'s gradients are still those of its own "
                     "share of the batch: nothing was all-reduced into p.grad. (dist.all_reduce works "
                     "in place on the tensor you give it: a copy, or p instead of p.grad, leaves "
                     "p.grad unchanged.)")
+            n_params = len(expected)
+            if _close(grads, {n: expected[n] * world / n_params for n in expected}):
+                message = (f"the sum is divided by the number of parameters ({n_params}), not by the "
+                           f"number of ranks ({world}): divide by dist.get_world_size()")
+                raise CheckFailure(f"Observed ({case}): every gradient is {world}/{n_params} of the whole "
+                                   f"batch's. Likely mistake: {message}.", mistake=message)
             for wrong_n in (2, 3, 4):
                 if wrong_n != world and _close(grads, {n: expected[n] * world / wrong_n for n in expected}):
                     raise CheckFailure(
@@ -255,6 +289,10 @@ def check_zero1_bytes(fn: Callable[[], Any]) -> None:
                       "(every rank still holds every weight), and the question asks for the state"),
         (16 * n, "that is weights + gradients + both moments on one process"),
     ]
+    for unit, name in ((1000, "kB"), (1024, "KiB"), (1e6, "MB"), (2**20, "MiB")):
+        if abs(got - right / unit) <= 0.01 * right / unit:
+            raise CheckFailure(f"Observed: {got:,g}, which is the answer in {name} ({right:,} bytes / "
+                               f"{unit:,g}): the question asks for plain bytes.", mistake=f"answer in {name}")
     for value, reason in named:
         if got == value:
             raise CheckFailure(f"Not quite: {got:,} bytes. Hint: {reason}.", mistake=reason)
@@ -270,15 +308,82 @@ def _replica_case(rank: int, world_size: int, fn: Callable[..., Any],
     return {n: t.detach().clone() for n, t in dict(out).items()}
 
 
-def _one_process_replica(batches: list, seed: int = 1337) -> dict[str, torch.Tensor]:
-    torch.manual_seed(seed)
-    model = GPT(GPTConfig(vocab_size=67, max_len=16, d_model=32, num_heads=4, num_layers=2)).double()
+def _one_process_replica(batches: list, seed: int = 1337, zero: bool = True,
+                         share: int | None = None) -> dict[str, torch.Tensor]:
+    """One process's weights after the steps (share: train on that half of each batch only)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = GPT(GPTConfig(vocab_size=67, max_len=16, d_model=32, num_heads=4, num_layers=2)).double()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     for x, y in batches:
-        optimizer.zero_grad()
+        if share is not None:
+            x, y = x.chunk(2)[share], y.chunk(2)[share]
+        if zero:
+            optimizer.zero_grad()
         lm_loss(model(x), y).backward()
         optimizer.step()
     return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def _weights_averaged_replica(batches: list) -> dict[str, torch.Tensor]:
+    """Two ranks seeded 1337 + rank, gradients averaged, then the weights averaged after each step."""
+    models = []
+    with torch.random.fork_rng(devices=[]):
+        for rank in range(2):
+            torch.manual_seed(1337 + rank)
+            models.append(GPT(GPTConfig(vocab_size=67, max_len=16, d_model=32, num_heads=4,
+                                        num_layers=2)).double())
+    optimizers = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in models]
+    for x, y in batches:
+        for rank, (model, optimizer) in enumerate(zip(models, optimizers)):
+            optimizer.zero_grad()
+            lm_loss(model(x.chunk(2)[rank]), y.chunk(2)[rank]).backward()
+        for p0, p1 in zip(models[0].parameters(), models[1].parameters()):
+            p0.grad = p1.grad = (p0.grad + p1.grad) / 2
+        for optimizer in optimizers:
+            optimizer.step()
+        with torch.no_grad():
+            for p0, p1 in zip(models[0].parameters(), models[1].parameters()):
+                mean = (p0 + p1) / 2
+                p0.copy_(mean)
+                p1.copy_(mean)
+    return {n: p.detach().clone() for n, p in models[0].named_parameters()}
+
+
+def _name_replica_mistake(results: list, batches: list) -> None:
+    """Name a known wrong fix of the Debug exercise: what is observed, then the mistake it matches
+    (never the fix)."""
+    agree = _max_diff(results[0], results[1]) <= 1e-10
+    if not agree:
+        if all(_max_diff(r, _one_process_replica(batches, share=rank)) <= 1e-10
+               for rank, r in enumerate(results)):
+            raise CheckFailure(
+                "Observed: after 3 steps, rank 0's and rank 1's weights differ; each rank's weights equal "
+                "one process trained from seed 1337 on that rank's share of each batch only. Likely "
+                "mistake: the ranks' gradients are not averaged.", mistake="no averaging")
+        return
+    candidates = [
+        (lambda: _one_process_replica(batches, seed=1338),
+         "they equal one process trained on the whole batches from torch.manual_seed(1338), rank 1's "
+         "initial weights, not 1337's", "the weights are broadcast from rank 1"),
+        (lambda: _one_process_replica(batches, zero=False),
+         "they equal one process whose gradients are never zeroed between steps",
+         "no zero_grad: each step's gradients add to the previous ones"),
+        (lambda: _one_process_replica(batches, share=0),
+         "they equal one process trained on the first half of each batch only",
+         "every rank trains on the same share"),
+        (lambda: _one_process_replica(batches, share=1),
+         "they equal one process trained on the second half of each batch only",
+         "every rank trains on the same share"),
+        (lambda: _weights_averaged_replica(batches),
+         "they equal two replicas seeded 1337 and 1338 whose weights are averaged after each step",
+         "the weights are averaged after each step, from replicas that started apart"),
+    ]
+    for weights, what, mistake in candidates:
+        if _max_diff(results[0], weights()) <= 1e-10:
+            raise CheckFailure(f"Observed: both ranks agree, but their weights differ from one process "
+                               f"trained on the whole batches from torch.manual_seed(1337): {what}. "
+                               f"Likely mistake: {mistake}.", mistake=mistake)
 
 
 @checker
@@ -292,6 +397,8 @@ def check_seeded_replicas(fn: Callable[..., Any]) -> None:
         raise CheckFailure("Return the model's weights as {name: tensor} (model.named_parameters()), as "
                            "the function did.")
     apart = _max_diff(results[0], results[1])
+    if apart > 1e-10 or _max_diff(results[0], expected) > 1e-10:
+        _name_replica_mistake(results, batches)
     if apart > 1e-10:
         raise CheckFailure(
             f"Observed: after 3 steps, rank 0's and rank 1's weights differ by up to {apart:.3g}. "
@@ -354,10 +461,26 @@ def _mlp_case(rank: int, world_size: int, cls: Callable[..., Any], d_model: int,
             setattr(c10d, name, original)
     params = [(n, p.detach().clone(), None if p.grad is None else p.grad.clone())
               for n, p in module.named_parameters()] if isinstance(module, nn.Module) else []
+    shared = []  # (parameter, dense parameter) pairs that are the same object or share memory
+    if isinstance(module, nn.Module):
+        for n, p in module.named_parameters():
+            for dn, dp in dense.named_parameters():
+                if p is dp or _overlaps(p, dp):
+                    shared.append((n, dn, p is dp))
+                    break
     return {"out": out.detach().clone() if isinstance(out, torch.Tensor) else out,
             "x_grad": None if xs.grad is None else xs.grad.clone(),
-            "params": params, "counts": counts, "course_lib": bool(seen),
+            "params": params, "counts": counts, "course_lib": bool(seen), "shared": shared,
             "is_module": isinstance(module, nn.Module)}
+
+
+def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors' bytes overlap (a view of the other, or of the same storage)."""
+    try:
+        sa, sb = a.untyped_storage(), b.untyped_storage()
+        return sa.nbytes() > 0 and sa.data_ptr() == sb.data_ptr()
+    except (RuntimeError, NotImplementedError):
+        return a.data_ptr() == b.data_ptr()
 
 
 def _dense_reference(d_model: int, d_ff: int, activation: str, seed: int, world: int) -> dict[str, Any]:
@@ -385,7 +508,12 @@ def _dense_reference(d_model: int, d_ff: int, activation: str, seed: int, world:
                        (b1.detach().chunk(world)[r], b1.grad.chunk(world)[r], "linear1's bias"),
                        (w2.detach().chunk(world, 1)[r], w2.grad.chunk(world, 1)[r], "linear2's weight columns"),
                        (b2.detach(), b2.grad, "linear2's bias")])
+    with torch.no_grad():  # the output a hard-coded activation would give
+        others = {name: dense.linear2(fn(dense.linear1(x))) for name, fn in
+                  (("GELU", torch.nn.functional.gelu), ("ReLU", torch.relu),
+                   ("GELU (tanh)", lambda t: torch.nn.functional.gelu(t, approximate="tanh")))}
     return {"out": out.detach(), "x_grad": x.grad, "b2": b2.detach(), "partial_out": partial_out,
+            "other_activations": others, "w1": w1.detach(), "w2": w2.detach(), "activation": activation,
             "partial_grad": partial_grad, "shards": shards,
             "dense_numel": sum(p.numel() for p in dense.parameters())}
 
@@ -407,6 +535,7 @@ def check_parallel_mlp(cls: Callable[..., Any]) -> None:
     for case, world, d_model, d_ff, activation, seed in cases:
         results = _on_ranks(_mlp_case, world, (cls, d_model, d_ff, activation, seed), case)
         ref = _dense_reference(d_model, d_ff, activation, seed, world)
+        ref["results"] = results  # every rank's shards, to name overlapping ones
         for rank, r in enumerate(results):
             if r["course_lib"]:
                 raise CheckFailure("Your class uses course_lib's ParallelMLP, ColumnParallelLinear, "
@@ -418,6 +547,45 @@ def check_parallel_mlp(cls: Callable[..., Any]) -> None:
             _check_mlp_rank(r, ref, rank, world, case)
     print(f"check_parallel_mlp: all {len(cases)} cases equal the dense FeedForward on every rank, forward "
           "and backward, with half of each matrix per rank and one all-reduce each way. Well done!")
+
+
+def _rows_held(t: torch.Tensor, full: torch.Tensor) -> tuple[int, int] | None:
+    """(first, last + 1) if ``t`` equals a run of consecutive rows of ``full``, else None."""
+    n = t.size(0)
+    if t.dim() != 2 or t.size(1) != full.size(1) or n > full.size(0):
+        return None
+    for start in range(full.size(0) - n + 1):
+        if torch.equal(t, full[start:start + n]):
+            return start, start + n
+    return None
+
+
+def _name_overlapping_shards(r: dict[str, Any], ref: dict[str, Any], rank: int, world: int, where: str) -> None:
+    """Name shards that are the wrong rows of linear1 (overlapping, or another rank's), on any rank."""
+    d_ff = ref["w1"].size(0)
+    size = math.ceil(d_ff / world)
+    for other_rank, other in enumerate(ref.get("results", [r])):
+        if other is not r and other_rank != rank:
+            there = where.replace(f"rank {rank})", f"rank {other_rank})")
+            _name_overlapping_on(other, ref, other_rank, there, d_ff, size)
+    _name_overlapping_on(r, ref, rank, where, d_ff, size)
+
+
+def _name_overlapping_on(r: dict[str, Any], ref: dict[str, Any], rank: int, where: str, d_ff: int,
+                         size: int) -> None:
+    right = (rank * size, min((rank + 1) * size, d_ff))
+    for name, value, _ in r["params"]:
+        for full, what, t in ((ref["w1"], "linear1's weight rows", value),
+                              (ref["w2"].T, "linear2's weight columns", value.T if value.dim() == 2 else value)):
+            held = _rows_held(t, full) if t.dim() == 2 else None
+            if held and held != right:
+                message = (f"rank {rank}'s {what} are {held[0]}..{held[1] - 1}, not its own chunk "
+                           f"{right[0]}..{right[1] - 1}: the ranks' shards overlap or repeat, so some "
+                           "hidden features are counted twice and others never")
+                raise CheckFailure(f"Observed {where}: your {name} holds {what} {held[0]}..{held[1] - 1} "
+                                   f"of the dense layer's {d_ff}. Likely mistake: {message}. Rank r keeps "
+                                   f"chunk r: {what} r*{size} .. (r+1)*{size} - 1.",
+                                   mistake="overlapping shards")
 
 
 def _check_mlp_rank(r: dict[str, Any], ref: dict[str, Any], rank: int, world: int, case: str) -> None:
@@ -436,6 +604,14 @@ def _check_mlp_rank(r: dict[str, Any], ref: dict[str, Any], rank: int, world: in
             raise CheckFailure(f"Likely mistake {where}: the output is this rank's partial sum only; "
                                "the ranks' partial products of linear2 must be added up (all-reduce) "
                                "in forward.")
+        for name, other in ref["other_activations"].items():
+            if name.split()[0].lower() != ref["activation"] and _near(out, other):
+                message = (f"the activation is hard-coded ({name}): use the dense layer's own "
+                           "(dense.activation), whatever it is")
+                raise CheckFailure(f"Observed {where}: the output equals the dense layer's with {name} in "
+                                   f"place of its {ref['activation']}. Likely mistake: {message}.",
+                                   mistake="hard-coded activation")
+        _name_overlapping_shards(r, ref, rank, world, where)
         raise CheckFailure(f"The output differs from the dense FeedForward's by up to "
                            f"{(out.double() - ref['out']).abs().max().item():.3g} {where}. Each rank: "
                            "its rows of linear1 (with their bias), the activation, its columns of linear2.")
@@ -465,6 +641,15 @@ def _check_mlp_rank(r: dict[str, Any], ref: dict[str, Any], rank: int, world: in
             f"This rank holds {numel} parameters; its share is {held} of the dense {ref['dense_numel']} "
             f"{where}: 1/{world} of each matrix and of linear1's bias, and linear2's whole bias. "
             "Keep only the slices as nn.Parameters (clone them), not the dense layer.")
+    if r["shared"]:
+        name, dense_name, same = r["shared"][0]
+        how = ("is the dense layer's own Parameter" if same else
+               "shares its memory with the dense layer's " + dense_name)
+        raise CheckFailure(
+            f"Observed {where}: your parameter {name} {how} ({len(r['shared'])} of your parameters "
+            "share memory with the dense layer). The exercise asks for copies: each rank's shards "
+            "are its own tensors (.clone() the slices, then nn.Parameter), so that training the "
+            "shards never writes into the dense layer.", mistake="shards share the dense layer's memory")
     for value, grad, what in shards:
         match = [(n, g) for n, v, g in r["params"] if v.shape == value.shape and torch.equal(v, value)]
         match += [(n, None if g is None else g.T) for n, v, g in r["params"]

@@ -303,3 +303,162 @@ def test_locate_with_a_tensor_table_result_passes(capsys):
         table = torch.tensor(block_table)
         return table[position // block_size], torch.tensor(position % block_size)
     _passes(scale.check_locate, locate, capsys)
+
+
+# --- issue #48: wrong attempts that were accepted -----------------------------------------------
+
+def _tiled_forward(stop_late=False):
+    """A tiled causal forward; with stop_late its stop test is one tile late (the extra tile masked)."""
+    def my_flash_forward(q, k, v, is_causal=False, block_q=32, block_k=32):
+        B, h, L_q, d = q.shape
+        L_k = k.size(2)
+        out = torch.zeros(B, h, L_q, v.size(-1), dtype=q.dtype)
+        lse = torch.zeros(B, h, L_q, dtype=q.dtype)
+        for i0 in range(0, L_q, block_q):
+            i1 = min(i0 + block_q, L_q)
+            m = torch.full((B, h, i1 - i0), float("-inf"), dtype=q.dtype)
+            ell = torch.zeros_like(m)
+            o = torch.zeros(B, h, i1 - i0, v.size(-1), dtype=q.dtype)
+            for j0 in range(0, L_k, block_k):
+                if is_causal and (j0 > i1 if stop_late else j0 > i1 - 1):
+                    break
+                j1 = min(j0 + block_k, L_k)
+                s = q[:, :, i0:i1] @ k[:, :, j0:j1].transpose(-2, -1) / math.sqrt(d)
+                if is_causal:
+                    s = s.masked_fill(torch.arange(j0, j1)[None] > torch.arange(i0, i1)[:, None], -math.inf)
+                m_new = torch.maximum(m, s.amax(-1))
+                p = torch.exp(s - m_new[..., None])
+                alpha = torch.exp(m - m_new)
+                ell, o, m = alpha * ell + p.sum(-1), alpha[..., None] * o + p @ v[:, :, j0:j1], m_new
+            out[:, :, i0:i1], lse[:, :, i0:i1] = o / ell[..., None], m + torch.log(ell)
+        return out, lse
+    return my_flash_forward
+
+
+def test_a_causal_loop_one_tile_late_is_refused(capsys):
+    _passes(scale.check_flash_forward, _tiled_forward(), capsys)
+    _fails(scale.check_flash_forward, _tiled_forward(stop_late=True),
+           "33 tiles computed, 29 needed at L=70 with 16x8 blocks")
+
+
+def test_the_forward_names_o_not_rescaled_without_the_fix():
+    message = _fails(scale.check_flash_forward, _knob_forward("o not rescaled"), "not rescaled",
+                     "lse is right")
+    assert "exp(m - m_new)" not in message and "multiply" not in message, message
+
+
+def _no_running_max(q, k, v, block_k=16):
+    """The Debug 'fix' that drops the running maximum: exact until exp overflows."""
+    scale_ = 1.0 / math.sqrt(q.size(-1))
+    ell = torch.zeros(q.size(0), dtype=q.dtype)
+    o = torch.zeros(q.size(0), v.size(-1), dtype=q.dtype)
+    for start in range(0, k.size(0), block_k):
+        p = torch.exp(q @ k[start:start + block_k].T * scale_)
+        ell = ell + p.sum(dim=-1)
+        o = o + p @ v[start:start + block_k]
+    return o / ell[:, None]
+
+
+def test_debug_without_a_running_maximum_is_refused_on_large_scores():
+    message = _fails(scale.check_flash_fix, _no_running_max, "NaN/inf", "float32", "~88")
+    assert message.index("observed") < message.index("~88")
+    assert "show_solution" not in message and "subtract" not in message
+
+
+def _absolute_exp_merge(m_a, ell_a, o_a, m_b, ell_b, o_b):
+    """exp(m_a) and exp(m_b), guarded against the empty state: overflows on large scores."""
+    m = torch.maximum(m_a, m_b)
+    a, b = torch.exp(m_a), torch.exp(m_b)
+    back = torch.where(torch.isinf(m), torch.zeros_like(m), torch.exp(-m))
+    return m, (a * ell_a + b * ell_b) * back, (a[..., None] * o_a + b[..., None] * o_b) * back[..., None]
+
+
+def test_merge_with_absolute_exponentials_is_refused_on_large_scores():
+    message = _fails(scale.check_merge_states, _absolute_exp_merge, "large scores", "NaN or inf",
+                     "exp(m_a)")
+    assert message.startswith("Observed")
+
+
+# --- issue #48: mistakes named (observed first) ---------------------------------------------------
+
+def _one_head_variant(knob):
+    def flash_one_head(q, k, v, block_k=16):
+        return scale._one_head(q, k, v, block_k, knob)
+    return flash_one_head
+
+
+def test_debug_names_o_rescaled_upside_down_without_the_fix():
+    message = _fails(scale.check_flash_fix, _one_head_variant("o inverted"), "observed", "NaN or inf",
+                     "exp(m_new - m)")
+    assert message.index("observed") < message.index("exp(m_new - m)")
+    assert "show_solution" not in message and "should" not in message
+
+
+@pytest.mark.parametrize("knob, words", [
+    ("o inverted", "upside down"),
+    ("divided every tile", "divided by the running sum ell in every tile"),
+    ("divided every tile and at the end", "divided by the running sum ell in every tile"),
+])
+def test_forward_tile_mistakes_are_named(knob, words):
+    def my_flash_forward(q, k, v, is_causal=False, block_q=32, block_k=32):
+        return scale._tiled_knob(q.double(), k.double(), v.double(), is_causal, block_q, block_k, knob)
+    _fails(scale.check_flash_forward, my_flash_forward, words)
+
+
+def _tiled_with(lse_without_log=False, no_diagonal=False):
+    """A real tiled loop (no whole score matrix) with one of two bugs."""
+    def my_flash_forward(q, k, v, is_causal=False, block_q=32, block_k=32):
+        B, h, L_q, d = q.shape
+        L_k = k.size(2)
+        out = torch.zeros(B, h, L_q, v.size(-1), dtype=q.dtype)
+        lse = torch.zeros(B, h, L_q, dtype=q.dtype)
+        for i0 in range(0, L_q, block_q):
+            i1 = min(i0 + block_q, L_q)
+            m = torch.full((B, h, i1 - i0), float("-inf"), dtype=q.dtype)
+            ell = torch.zeros_like(m)
+            o = torch.zeros(B, h, i1 - i0, v.size(-1), dtype=q.dtype)
+            for j0 in range(0, min(L_k, i1) if is_causal else L_k, block_k):
+                j1 = min(j0 + block_k, L_k)
+                s = q[:, :, i0:i1] @ k[:, :, j0:j1].transpose(-2, -1) / math.sqrt(d)
+                if is_causal:
+                    keys, queries = torch.arange(j0, j1)[None], torch.arange(i0, i1)[:, None]
+                    s = s.masked_fill(keys >= queries if no_diagonal else keys > queries, -math.inf)
+                m_new = torch.maximum(m, s.amax(-1))
+                safe = torch.where(torch.isinf(m_new), 0.0, m_new)
+                p = torch.exp(s - safe[..., None])
+                alpha = torch.exp(m - safe)
+                ell, o, m = alpha * ell + p.sum(-1), alpha[..., None] * o + p @ v[:, :, j0:j1], m_new
+            out[:, :, i0:i1] = o / ell[..., None]
+            lse[:, :, i0:i1] = m + (ell if lse_without_log else torch.log(ell))
+        return out, lse
+    return my_flash_forward
+
+
+def test_forward_names_lse_without_log_and_the_diagonal_excluded():
+    _fails(scale.check_flash_forward, _tiled_with(lse_without_log=True), "without the log")
+    message = _fails(scale.check_flash_forward, _tiled_with(no_diagonal=True), "hides the diagonal",
+                     "observed NaN or inf in query 0's row")
+    assert message.index("observed") < message.index("hides the diagonal")
+
+
+@pytest.mark.parametrize("value, words", [
+    (12 * 32768 * 32768 * 4 / 1000, "in kB"), (12 * 32768 * 32768 * 4 / 1024, "in KiB"),
+])
+def test_score_bytes_in_kilobytes_is_named(value, words):
+    message = _fails(scale.check_score_bytes, lambda: value, "Observed", words)
+    assert message.startswith("Observed")
+
+
+@pytest.mark.parametrize("fn, words", [
+    (lambda table, position, size: (table[(position - 1) // size], (position - 1) % size), "position - 1"),
+    (lambda table, position, size: (table[position // size] * size + position % size, position % size),
+     "flat array"),
+    (lambda table, position, size: table[position // size] * size + position % size, "flat array"),
+    (lambda table, position, size: (table[position // len(table)], position % len(table)),
+     "divides by the table's length"),
+    (lambda table, position, size: (table[position // size], position % len(table)),
+     "divides by the table's length"),
+])
+def test_locate_more_mistakes_are_named(fn, words):
+    message = _fails(scale.check_locate, fn, "observed", words)
+    assert message.index("observed") < message.index(words)

@@ -322,3 +322,174 @@ def test_checkers_keep_random_state():
         (check_accumulation, solution_namespace("14.accumulate")["my_accumulate"]),
         (check_average_gradients, solution_namespace("14.average_gradients")["my_average_gradients"]),
     ])
+
+
+# --- issue #48: wrong attempts that were accepted -----------------------------------------------
+
+class _ViewShards(nn.Module):  # right numbers, but the shards are views of the dense layer's weights
+    def __init__(self, dense, rank, world_size):
+        super().__init__()
+        self.w1 = nn.Parameter(dense.linear1.weight.detach().chunk(world_size, 0)[rank])
+        self.b1 = nn.Parameter(dense.linear1.bias.detach().chunk(world_size)[rank])
+        self.w2 = nn.Parameter(dense.linear2.weight.detach().chunk(world_size, 1)[rank])
+        self.b2 = dense.linear2.bias  # the dense layer's own Parameter
+        self.act = dense.activation
+
+    def forward(self, x):
+        ns = solution_namespace("14.parallel_mlp")
+        f, g = ns["CopyToRanks"], ns["SumOverRanks"]
+        return g.apply(F.linear(self.act(F.linear(f.apply(x), self.w1, self.b1)), self.w2)) + self.b2
+
+
+class _DenseBiasOnly(_ViewShards):  # copies, except linear2's bias: the dense layer's Parameter
+    def __init__(self, dense, rank, world_size):
+        super().__init__(dense, rank, world_size)
+        self.w1 = nn.Parameter(self.w1.detach().clone())
+        self.b1 = nn.Parameter(self.b1.detach().clone())
+        self.w2 = nn.Parameter(self.w2.detach().clone())
+
+
+@pytest.mark.parametrize("wrong, words", [
+    (_ViewShards, "Observed.*share(s)? (its )?memory with the dense layer"),
+    (_DenseBiasOnly, "Observed.*is the dense layer's own Parameter"),
+])
+def test_parallel_mlp_refuses_shards_that_are_not_copies(wrong, words):
+    with pytest.raises(CheckFailure, match=words):
+        check_parallel_mlp(wrong)
+
+
+# --- issue #48: mistakes named (observed first) ---------------------------------------------------
+
+def _loss_times_k(model, x, y, k):
+    model.zero_grad()
+    for xs, ys in zip(x.chunk(k), y.chunk(k)):
+        (lm_loss(model(xs), ys) * k).backward()
+
+
+def _divided_by_rows(model, x, y, k):
+    model.zero_grad()
+    for xs, ys in zip(x.chunk(k), y.chunk(k)):
+        (lm_loss(model(xs), ys) / (x.size(0) / k)).backward()
+
+
+def _grad_divided_every_time(model, x, y, k):
+    model.zero_grad()
+    for xs, ys in zip(x.chunk(k), y.chunk(k)):
+        lm_loss(model(xs), ys).backward()
+        for p in model.parameters():
+            p.grad /= k
+
+
+@pytest.mark.parametrize("wrong, words", [
+    (_loss_times_k, "multiplied by k"),
+    (_divided_by_rows, "divided by B/k"),
+    (_grad_divided_every_time, "divided by k = 2 after every backward"),
+])
+def test_accumulation_more_mistakes_are_named(wrong, words):
+    with pytest.raises(CheckFailure, match=f"^Observed.*{words}"):
+        check_accumulation(wrong)
+
+
+def _broadcast_grads(model):
+    for p in model.parameters():
+        dist.broadcast(p.grad, src=0)
+
+
+def _divided_by_parameters(model):
+    params = list(model.parameters())
+    for p in params:
+        dist.all_reduce(p.grad)
+        p.grad /= len(params)
+
+
+@pytest.mark.parametrize("wrong, words", [
+    (_broadcast_grads, "^Observed.*broadcast from rank 0"),
+    (_divided_by_parameters, "^Observed.*divided by the number of parameters"),
+])
+def test_average_gradients_more_mistakes_are_named(wrong, words):
+    with pytest.raises(CheckFailure, match=words):
+        check_average_gradients(wrong)
+
+
+def test_zero1_in_kilobytes_is_named():
+    n = checks_distributed.LESSON_GPT_PARAMETERS
+    for value, words in ((8 * n // 2 / 1000, "in kB"), (8 * n // 2 / 1024, "in KiB")):
+        with pytest.raises(CheckFailure, match=f"^Observed.*{words}"):
+            check_zero1_bytes(lambda value=value: value)
+
+
+def _seeds_variant(seed_offset=0, broadcast_from=None, average=True, zero=True, same_share=False,
+                   average_weights=False):
+    def train_by_hand(rank, world_size, batches):
+        from course_lib.gpt import GPT, GPTConfig
+
+        torch.manual_seed(1337 + seed_offset * rank)
+        model = GPT(GPTConfig(vocab_size=67, max_len=16, d_model=32, num_heads=4, num_layers=2)).double()
+        if broadcast_from is not None:
+            for p in model.parameters():
+                dist.broadcast(p.data, src=broadcast_from)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        for x, y in batches:
+            share = 0 if same_share else rank
+            x, y = x.chunk(world_size)[share], y.chunk(world_size)[share]
+            if zero:
+                optimizer.zero_grad()
+            lm_loss(model(x), y).backward()
+            if average:
+                average_gradients(model)
+            optimizer.step()
+            if average_weights:
+                with torch.no_grad():
+                    for p in model.parameters():
+                        dist.all_reduce(p)
+                        p /= world_size
+        return {name: p.detach() for name, p in model.named_parameters()}
+    return train_by_hand
+
+
+@pytest.mark.parametrize("wrong, words", [
+    (_seeds_variant(seed_offset=1, broadcast_from=1), "manual_seed\\(1338\\).*broadcast from rank 1"),
+    (_seeds_variant(average=False), "differ; each rank's weights.*not averaged"),
+    (_seeds_variant(zero=False), "never zeroed.*no zero_grad"),
+    (_seeds_variant(same_share=True), "first half of each batch only.*same share"),
+    (_seeds_variant(seed_offset=1, average_weights=True), "averaged after each step"),
+])
+def test_seeded_replicas_wrong_fixes_are_named(wrong, words):
+    with pytest.raises(CheckFailure, match=f"^Observed.*{words}"):
+        check_seeded_replicas(wrong)
+
+
+class _HardGelu(nn.Module):
+    def __init__(self, dense, rank, world_size):
+        super().__init__()
+        self.inner = _variant()(dense, rank, world_size)
+        self.inner.act = F.gelu
+
+    def forward(self, x):
+        return self.inner(x)
+
+
+class _OverlappingShards(nn.Module):  # rank r keeps rows r*4 .. r*4 + 5 of linear1 (d_ff 12): overlap
+    def __init__(self, dense, rank, world_size):
+        super().__init__()
+        size = dense.linear1.weight.size(0) // world_size
+        start = rank * (size - 2)
+        self.w1 = nn.Parameter(dense.linear1.weight.detach()[start:start + size].clone())
+        self.b1 = nn.Parameter(dense.linear1.bias.detach()[start:start + size].clone())
+        self.w2 = nn.Parameter(dense.linear2.weight.detach()[:, start:start + size].clone())
+        self.b2 = nn.Parameter(dense.linear2.bias.detach().clone())
+        self.act = dense.activation
+
+    def forward(self, x):
+        ns = solution_namespace("14.parallel_mlp")
+        f, g = ns["CopyToRanks"], ns["SumOverRanks"]
+        return g.apply(F.linear(self.act(F.linear(f.apply(x), self.w1, self.b1)), self.w2)) + self.b2
+
+
+@pytest.mark.parametrize("wrong, words", [
+    (_HardGelu, "^Observed.*GELU in place of its relu.*hard-coded"),
+    (_OverlappingShards, "^Observed.*holds linear1's weight rows 4..9.*overlap"),
+])
+def test_parallel_mlp_more_mistakes_are_named(wrong, words):
+    with pytest.raises(CheckFailure, match=words):
+        check_parallel_mlp(wrong)

@@ -32,7 +32,7 @@ __all__ = [
     "broadcasts_to",
     "Mistake", "CheckFailure", "checker", "expect_shape", "expect_finite", "compare", "passed",
     "load_reference_weights", "run_learner", "has_passed", "yours_or_reference", "RESULTS",
-    "is_course_lib", "course_lib_used", "calls_to", "one_thread", "time_limit", "close", "ATOL",
+    "is_course_lib", "course_lib_used", "calls_to", "one_thread", "time_limit", "close", "ATOL", "plain",
 ]
 
 ATOL = 1e-5
@@ -457,3 +457,56 @@ def compare(
 def passed(name: str, n_cases: int) -> None:
     """Print the one-line success message."""
     print(f"{name}: all {n_cases} cases match course_lib's reference. Well done!")
+
+
+# --------------------------------------------------------------------------------------------------
+# A learner's answer as plain values: no subclass of theirs decides a comparison
+# --------------------------------------------------------------------------------------------------
+
+_PLAIN_DEPTH = 8
+
+
+def plain(value: Any, what: str = "your answer", _depth: int = 0) -> Any:
+    """``value`` made of exact built-ins before a checker compares it: a ``str``, ``int``, ``float``,
+    ``bool`` or ``None`` of its exact type (a subclass's value copied by the base type's own method:
+    its ``__eq__``, ``strip`` or ``__int__`` never run), a ``tuple``/``list`` (``torch.Size``
+    included) as a tuple/list of plain items, a tensor as a plain ``torch.Tensor`` copy (a
+    subclass's ``__torch_function__``, ``__eq__`` or ``allclose`` never run) and a NumPy number or
+    array as a Python number or a plain tensor. Any other object is returned as it is (the checker
+    refuses it with its own message). CheckFailure for a subclass that cannot be made plain."""
+    kind = type(value)
+    if value is None or kind in (bool, int, float, str):
+        return value
+    if _depth > _PLAIN_DEPTH:
+        raise CheckFailure(f"{what} is nested too deeply; return plain numbers, strings, tuples or lists.")
+    try:
+        if isinstance(value, torch.Tensor):
+            with torch._C.DisableTorchFunctionSubclass():
+                out = torch.Tensor.as_subclass(value, torch.Tensor).detach().clone()
+            if type(out) is not torch.Tensor or torch._C._dispatch_keys(out).has(torch._C.DispatchKey.Python):
+                raise TypeError("not a plain tensor")
+            return out
+        if isinstance(value, bool):  # (bool has no subclasses; for completeness)
+            return bool(int.__index__(value))
+        if isinstance(value, int):
+            return int.__index__(value)
+        if isinstance(value, float):
+            return float.__float__(value)
+        if isinstance(value, str):
+            return str.__str__(value)
+        if isinstance(value, tuple):
+            return tuple(plain(v, what, _depth + 1) for v in tuple.__iter__(value))
+        if isinstance(value, list):
+            return [plain(v, what, _depth + 1) for v in list.__iter__(value)]
+        numpy = sys.modules.get("numpy")
+        if numpy is not None and isinstance(value, numpy.generic):
+            return plain(numpy.generic.item(value), what, _depth + 1)
+        if numpy is not None and isinstance(value, numpy.ndarray):
+            return plain(torch.from_numpy(numpy.array(numpy.ndarray.view(value, numpy.ndarray), copy=True)),
+                         what, _depth + 1)
+    except CheckFailure:
+        raise
+    except Exception:  # noqa: BLE001 (a subclass that breaks its base type's own conversion)
+        raise CheckFailure(f"{what} is a {kind.__name__}, a subclass that does not convert to a plain "
+                           f"{kind.__mro__[1].__name__}; return a plain value.") from None
+    return value

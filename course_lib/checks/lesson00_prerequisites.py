@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .common import CheckFailure, checker, run_learner
+from .common import CheckFailure, checker, plain, run_learner
 
 __all__ = ["check_broadcast_shape", "check_gradient_prediction", "check_parameter_count"]
 
@@ -41,8 +41,8 @@ def check_broadcast_shape(
         truth: tuple[int, ...] | str = tuple(torch.broadcast_shapes(shape_a, shape_b))
     except RuntimeError:
         truth = "error"
-    answer = run_learner(fn, case="your prediction",
-                         hint="predicted_broadcast_shape() takes no argument and returns a tuple.")
+    answer = plain(run_learner(fn, case="your prediction",
+                               hint="predicted_broadcast_shape() takes no argument and returns a tuple."))
     if isinstance(answer, str):
         if answer.strip().lower() != "error":
             raise CheckFailure(f"Return a shape as a tuple, e.g. (2, 3), or the string \"error\"; "
@@ -93,15 +93,16 @@ def check_gradient_prediction(
     y = f(x_t)
     y.backward()
     truth = x_t.grad.detach()
-    answer = run_learner(fn, case="your prediction",
-                         hint="predicted_gradient() takes no argument and returns a list.")
+    answer = plain(run_learner(fn, case="your prediction",
+                               hint="predicted_gradient() takes no argument and returns a list."))
     meaning = ("x.grad holds dy/dx_i, how much y changes per unit change of each x_i, with the "
                "same shape as x")
     if answer is None:
         raise CheckFailure(f"None is what x.grad holds BEFORE any backward (the cell above prints it). "
                            f"y.backward() fills it. {meaning}: here {[round(v, 4) for v in truth.tolist()]}.")
     try:
-        got = torch.as_tensor(answer, dtype=torch.float32).detach().flatten()
+        got = plain(torch.as_tensor(answer, dtype=torch.float32)).flatten()  # (a plain tensor, whatever
+        # __torch_function__ the answer's own type has)
     except (TypeError, ValueError, RuntimeError):
         raise CheckFailure(f"Return one number per element of x, e.g. [0.5, 1.0, 1.5]; "
                            f"got {answer!r}.") from None
@@ -148,8 +149,8 @@ def check_parameter_count(fn: Callable[[], Any], module: nn.Module) -> None:
     """Predict: how many learnable numbers does ``module`` hold (the sum of ``p.numel()``)?"""
     params = dict(module.named_parameters())
     truth = sum(p.numel() for p in params.values())
-    answer = run_learner(fn, case="your prediction",
-                         hint="predicted_parameter_count() takes no argument and returns an int.")
+    answer = plain(run_learner(fn, case="your prediction",
+                               hint="predicted_parameter_count() takes no argument and returns an int."))
     if isinstance(answer, torch.Tensor) and answer.numel() == 1:
         answer = answer.item()
     if hasattr(answer, "item") and not isinstance(answer, (str, bytes)):  # a NumPy number

@@ -8,6 +8,7 @@ scratch folder that holds a copy of the lesson folder's other files, and the fol
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -50,6 +51,13 @@ MAX_NOTEBOOK_MB = 50.0
 # limit + 300 s).
 RECHECK_SECONDS = 300.0
 RECHECK_GRACE = 30.0
+# The sandbox's private /tmp and /dev/shm are tmpfs, that is RAM, outside the kernel's RLIMIT_AS:
+# unbounded, one kernel wrote 1,920 MiB to /tmp (#49). A write beyond these fails with ENOSPC
+# ("No space left on device") in the learner's cell. The lessons write nothing to /tmp (the
+# kernel's TMPDIR is its scratch folder, on disk); /dev/shm holds multiprocessing's semaphores and
+# torch's tensors shared with DataLoader workers (the lessons use none).
+TMP_BYTES = 256 * 2**20
+SHM_BYTES = 64 * 2**20
 
 
 @dataclass
@@ -66,6 +74,8 @@ class Settings:
     scratch_root: str | None = None  # where the submissions' scratch folders go (default: TMPDIR)
     socket_root: str | None = None  # where their sockets go when scratch paths are too long (socket_root)
     hidden: list[str] = field(default_factory=list)  # paths the sandbox hides (the class, the output)
+    tmp_bytes: int = TMP_BYTES  # the sandbox's private /tmp: at most this much (it is RAM)
+    shm_bytes: int = SHM_BYTES  # the sandbox's /dev/shm (RAM too): at most this much
 
 
 @dataclass
@@ -91,15 +101,22 @@ def _worse(current: str, new: str) -> str:
     return min(current, new, key=STATUS_ORDER.index)
 
 
-def needed_under_tmp() -> list[str]:
-    """The folders under /tmp that the kernel needs: the Python environment and course_lib's clone.
-    Outermost first, none inside another."""
+def needed_under_tmp(roots: tuple[str, ...] = ("/tmp",)) -> list[str]:
+    """The folders under ``roots`` (the sandbox's own empty folders: /tmp, and the scratch root)
+    that the kernel needs: the Python environment and course_lib's clone. Outermost first, none
+    inside another."""
     import course_lib
 
     candidates = {Path(sys.prefix), Path(sys.base_prefix), Path(sys.executable).parent,
                   Path(sys.executable).resolve().parent, Path(course_lib.__file__).resolve().parents[1]}
-    needed = sorted({str(p.resolve()) for p in candidates if str(p.resolve()).startswith("/tmp/")})
+    needed = sorted({str(p.resolve()) for p in candidates
+                     if any(_within(str(p.resolve()), root) for root in roots)})
     return [p for p in needed if not any(p.startswith(q + "/") for q in needed if q != p)]
+
+
+def _within(path: str, root: str) -> bool:
+    root = root.rstrip("/")
+    return path == root or path.startswith(root + "/")
 
 
 def socket_root(scratch_root: str) -> str | None:
@@ -138,29 +155,64 @@ def socket_folder(scratch: Path, sockets_root: str | None = None) -> Path:
 
 def _sandbox_command(scratch: Path, sockets: Path, settings: Settings) -> list[str]:
     """bwrap's arguments: the whole file system read-only, its own scratch folder writable, a
-    private /tmp, /dev and /proc, no network, its own PID namespace (every process in it dies with
-    it), the class's folders and the output folder hidden."""
-    command = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
+    private /tmp (``tmp_bytes`` of RAM at most), /dev (its /dev/shm ``shm_bytes`` at most) and
+    /proc, no network, its own PID namespace (every process in it dies with it), the class's
+    folders and the output folder hidden.
+
+    The scratch root (the folder that holds every submission's scratch folder: the run's own under
+    TMPDIR) is hidden by an empty, read-only folder wherever TMPDIR is, and only this kernel's own
+    scratch folder is put back in it: another kernel's ``ipc/kernel.json`` (its keys), work and
+    sockets are out of sight, with TMPDIR under /tmp (the private /tmp hides them) or elsewhere
+    (/var/tmp, a cluster's scratch). A folder hidden this way is read-only and holds nothing."""
+    def size(limit: int) -> list[str]:
+        return ["--size", str(limit)] if _bwrap_sizes() else []
+
+    command = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", *size(settings.shm_bytes), "--tmpfs", "/dev/shm",
+               "--proc", "/proc", *size(settings.tmp_bytes), "--tmpfs", "/tmp"]
+    emptied = ["/tmp", "/dev"]  # folders the sandbox replaces with its own
+    read_only = ["/dev"]  # the private /dev's own tmpfs: only its device nodes and /dev/shm are of use
+    root = str(scratch.parent)
+    if not any(_within(root, e) for e in emptied) and root != "/":
+        command += [*size(4096), "--tmpfs", root]  # every submission's scratch folder hidden
+        emptied.append(root)
+        read_only.append(root)
     # What the kernel runs from may itself live under /tmp (a clone and its .venv there, as on a CI
-    # machine): the private /tmp would hide Python and course_lib, so they are bound back, read-only.
-    shown = needed_under_tmp()
+    # machine), or under the scratch root: the emptied folders would hide Python and course_lib,
+    # so they are bound back, read-only.
+    shown = needed_under_tmp(tuple(emptied))
     for path in shown:
         command += ["--ro-bind", path, path]
     for hidden in settings.hidden:
-        under_tmp = hidden == "/tmp" or hidden.startswith("/tmp/")
-        if under_tmp and not any(hidden == p or hidden.startswith(p + "/") for p in shown):
-            continue  # the private /tmp hides it already
+        emptied_already = any(_within(hidden, e) for e in emptied)
+        if emptied_already and not any(_within(hidden, p) for p in shown):
+            continue  # the private /tmp, or the hidden scratch root, hides it already
         if Path(hidden).is_dir():
-            command += ["--tmpfs", hidden]
+            command += [*size(4096), "--tmpfs", hidden]
+            read_only.append(hidden)
         elif Path(hidden).exists():
             command += ["--ro-bind", "/dev/null", hidden]
     command += ["--bind", str(scratch), str(scratch)]
     if scratch not in sockets.parents:  # the kernel's sockets live outside it (a long scratch path)
         command += ["--bind", str(sockets), str(sockets)]
+    for folder in read_only:  # after the binds that made their mount points: not recursive
+        command += ["--remount-ro", folder]
     command += ["--chdir", str(scratch / "work"),
                 "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
                 "--die-with-parent", "--new-session", "--"]
     return command
+
+
+@functools.lru_cache(maxsize=1)
+def _bwrap_sizes() -> bool:
+    """Whether this bwrap sizes a tmpfs (``--size``: bubblewrap 0.7.0 and later, not setuid; Ubuntu
+    22.04 has 0.6.1): tried once per process on a tiny sandbox. Without it the sandbox's /tmp and
+    /dev/shm are not limited (docs/instructors.md); the rest holds."""
+    try:
+        tried = subprocess.run(["bwrap", "--ro-bind", "/", "/", "--size", "65536", "--tmpfs", "/tmp", "true"],
+                               capture_output=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return tried.returncode == 0
 
 
 def _kernel_manager(scratch: Path, sockets: Path, settings: Settings) -> Any:

@@ -75,3 +75,77 @@ def test_lesson_10s_speed_rule_keeps_the_graders_timer(outer_timer):
     outer_timer(600.0)
     check_bpe_encode(solution_namespace("10.bpe_encode")["bpe_encode"])
     assert signal.getitimer(signal.ITIMER_REAL)[0] > 300  # the lesson 10 checker used to set it to 0
+
+
+# ---------------------------------------------------------------- plain: a learner's answer as exact built-ins (#49)
+
+def test_plain_copies_subclasses_into_their_base_types():
+    import numpy as np
+    import torch
+
+    from course_lib.checks.common import plain
+
+    class Liar(str):
+        def __eq__(self, other):
+            return True
+
+        __hash__ = str.__hash__
+
+    class Lying(torch.Tensor):
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            if func is torch.allclose:
+                return True
+            return super().__torch_function__(func, types, args, kwargs or {})
+
+    class Number(float):
+        def __eq__(self, other):
+            return True
+
+        __hash__ = float.__hash__
+
+    got = plain([Liar("a"), (Number(1.5), torch.Size([2, 3])), None, True])
+    assert got == ["a", (1.5, (2, 3)), None, True]
+    assert [type(got[0]), type(got[1][0]), type(got[1][1])] == [str, float, tuple]
+    assert plain(Liar("a")) != "b"
+    tensor = plain(torch.zeros(3).as_subclass(Lying))
+    assert type(tensor) is torch.Tensor and not torch.allclose(tensor, torch.ones(3))
+    assert (plain(np.int64(5)), type(plain(np.int64(5)))) == (5, int)
+    assert type(plain(np.arange(3))) is torch.Tensor
+    other = object()
+    assert plain(other) is other  # not a subclass of a plain type: the checker's own message refuses it
+
+
+def test_plain_refuses_a_subclass_that_does_not_convert():
+    import torch
+
+    from course_lib.checks.common import plain
+
+    class Broken(torch.Tensor):
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            raise RuntimeError("no")
+
+    class NoData(torch.Tensor):
+        """A wrapper subclass: no storage of its own, every operation its __torch_dispatch__'s."""
+
+        @staticmethod
+        def __new__(cls, shape):
+            return torch.Tensor._make_wrapper_subclass(cls, shape, dtype=torch.float32)
+
+        @classmethod
+        def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+            raise RuntimeError("no data")
+
+    class Deep(list):
+        pass
+
+    nested: list = []
+    for _ in range(20):
+        nested = Deep([nested])
+    with pytest.raises(CheckFailure, match="nested too deeply"):
+        plain(nested)
+    with pytest.raises(CheckFailure, match="a NoData, a subclass that does not convert to a plain Tensor"):
+        plain(NoData((3,)))
+    broken = torch.Tensor._make_subclass(Broken, torch.zeros(2))
+    assert type(plain(broken)) is torch.Tensor  # its __torch_function__ is not consulted at all

@@ -136,3 +136,66 @@ def test_solutions_pass():
     assert passes(check_broadcast_shape, lesson00.predicted_broadcast_shape, A, B)
     assert passes(check_gradient_prediction, lesson00.predicted_gradient, f, X)
     assert passes(check_parameter_count, lesson00.predicted_parameter_count, TwoLayer())
+
+
+# ---------------------------------------------------------------- answers that lie (#49)
+
+class EqualToAll(str):
+    """A str subclass equal to everything, whose strip/lower keep it."""
+
+    def __eq__(self, other):
+        return True
+
+    __hash__ = str.__hash__
+
+    def strip(self, *chars):
+        return self
+
+    def lower(self):
+        return self
+
+
+class Flatterer(tuple):
+    def __eq__(self, other):
+        return True
+
+    __hash__ = tuple.__hash__
+
+
+class IntEqualToAll(int):
+    def __eq__(self, other):
+        return True
+
+    __hash__ = int.__hash__
+
+
+class LyingTensor(torch.Tensor):
+    """A tensor subclass for which every comparison says "equal"."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func in (torch.allclose, torch.equal, torch.Tensor.allclose, torch.Tensor.equal, torch.Tensor.__eq__):
+            return True
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+def test_answers_that_claim_equality_are_refused():
+    assert torch.allclose(torch.zeros(3).as_subclass(LyingTensor), torch.ones(3))  # the lie, unchecked
+    with pytest.raises(AssertionError, match="Return a shape as a tuple"):
+        check_broadcast_shape(lambda: EqualToAll("anything"), (2, 1, 4), (3, 2))  # the truth is "error"
+    with pytest.raises(AssertionError, match=r"Not \(9, 9\)"):
+        check_broadcast_shape(lambda: Flatterer((9, 9)), A, B)
+    with pytest.raises(AssertionError, match="All zeros would mean"):
+        check_gradient_prediction(lambda: torch.zeros(3).as_subclass(LyingTensor), f, X)
+    with pytest.raises(AssertionError, match="Not 1, but 56"):
+        check_parameter_count(lambda: IntEqualToAll(1), TwoLayer())
+    with pytest.raises(AssertionError, match="Not 1, but 56"):
+        check_parameter_count(lambda: torch.tensor(1).as_subclass(LyingTensor), TwoLayer())
+
+
+def test_plain_answers_of_subclasses_still_pass():
+    """A subclass that does not lie is judged by its value."""
+    assert passes(check_broadcast_shape, lambda: EqualToAll("error"), (2, 1, 4), (3, 2))
+    assert passes(check_broadcast_shape, lambda: Flatterer((2, 3, 4)), A, B)
+    assert passes(check_gradient_prediction, lambda: torch.tensor([2.0, 4.0, 6.0]).as_subclass(LyingTensor), f, X)
+    assert passes(check_parameter_count, lambda: IntEqualToAll(56), TwoLayer())

@@ -574,3 +574,68 @@ def test_lesson_00_quotes_the_real_own_function_message():
     with pytest.raises(AssertionError) as error:
         check_scaled_dot_product_attention(scaled_dot_product_attention)
     assert quote == f"AssertionError: {error.value}"
+
+
+# ---------------------------------------------------------------- answers that lie (#49)
+
+class EqualToAll(str):
+    """A str subclass equal to every token, whose strip/lower keep it."""
+
+    def __eq__(self, other):
+        return True
+
+    __hash__ = str.__hash__
+
+    def strip(self, *chars):
+        return self
+
+    def lower(self):
+        return self
+
+
+class LyingTensor(torch.Tensor):
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func in (torch.allclose, torch.equal, torch.Tensor.__eq__, torch.Tensor.nonzero):
+            return torch.tensor([[1, t] for t in range(7, 12)]) if func is torch.Tensor.nonzero else True
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+def test_top_key_refuses_a_str_equal_to_everything():
+    with pytest.raises(AssertionError, match="'zebra' is not a token of the sentence"):
+        check_top_key_prediction(lambda: EqualToAll("zebra"), *top_key_inputs())
+    with pytest.raises(AssertionError, match=r"Not 'cat'"):
+        check_top_key_prediction(lambda: EqualToAll("cat"), *top_key_inputs())
+    assert passes(check_top_key_prediction, lambda: EqualToAll("it"), *top_key_inputs())  # its value is right
+
+
+def test_nan_rows_refuses_a_tensor_that_lies():
+    lying = torch.zeros(2, 12, dtype=torch.bool).as_subclass(LyingTensor)
+    assert lying.nonzero().tolist() == [list(p) for p in NAN_ROWS]  # what the checker would have read
+    with pytest.raises(AssertionError, match="you predicted none"):
+        check_nan_rows_prediction(lambda: lying, IDS, 0)
+    assert passes(check_nan_rows_prediction, lambda: (IDS == 0).as_subclass(LyingTensor), IDS, 0)
+
+
+def test_attention_outputs_that_lie_are_refused():
+    """Zeros of a tensor subclass whose allclose says "equal" are judged as the zeros they are."""
+    def flatterer(query, key, value, mask=None):
+        out = torch.zeros(*query.shape[:-1], value.shape[-1]).as_subclass(LyingTensor)
+        weights = torch.zeros(*query.shape[:-1], key.shape[-2]).as_subclass(LyingTensor)
+        return out, weights
+
+    with pytest.raises(AssertionError):
+        check_scaled_dot_product_attention(flatterer)
+    with pytest.raises(AssertionError):
+        check_fixed_attention(flatterer)
+
+    def right_but_subclassed(query, key, value, mask=None):
+        scores = query @ key.transpose(-2, -1) / query.size(-1) ** 0.5
+        if mask is not None:
+            scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+        weights = scores.softmax(dim=-1)
+        if mask is not None:
+            weights = weights.masked_fill(~mask, 0.0)
+        return (weights @ value).as_subclass(LyingTensor), weights.as_subclass(LyingTensor)
+
+    assert passes(check_scaled_dot_product_attention, right_but_subclassed)

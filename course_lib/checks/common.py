@@ -303,10 +303,14 @@ def alarm_within(seconds: float, on_alarm: Callable[[], None]) -> Iterator[None]
     start = time.monotonic()
     outer_first = 0 < outer_left <= seconds
     previous: Any = None
+    outer_fired = False
 
     def handler(signum: int, frame: Any) -> None:
-        if outer_first and callable(previous):
-            previous(signum, frame)  # the outer deadline came first: its handler decides
+        nonlocal outer_fired
+        if outer_first:
+            outer_fired = True  # the outer deadline is spent: it must not be armed again on leaving
+            if callable(previous):
+                previous(signum, frame)  # the outer deadline came first: its handler decides
         on_alarm()
 
     previous = signal.signal(signal.SIGALRM, handler)
@@ -316,7 +320,7 @@ def alarm_within(seconds: float, on_alarm: Callable[[], None]) -> Iterator[None]
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
-        if outer_left > 0:  # the outer timer goes on with what it has left (at once if it is spent)
+        if outer_left > 0 and not outer_fired:  # the outer timer goes on with what it has left
             signal.setitimer(signal.ITIMER_REAL, max(outer_left - (time.monotonic() - start), 1e-4))
 
 

@@ -54,6 +54,7 @@ def test_the_earlier_deadline_wins(outer_timer):
     with pytest.raises(OuterTimeout):  # the grader's limit first: its handler decides
         with time_limit(30, "too slow"):
             _spin(5)
+    assert signal.getitimer(signal.ITIMER_REAL)[0] == 0  # spent: not armed again to fire a second time
     outer_timer(30)
     with pytest.raises(CheckFailure, match="too slow"):  # the checker's limit first
         with time_limit(0.2, "too slow"):

@@ -141,23 +141,27 @@ def calls_to(functions: Sequence[Callable[..., Any]]) -> Iterator[list[Callable[
 
     A profile hook sees every route a learner may take to course_lib's reference: the function
     itself, an alias, a wrapper, ``course_lib.module.function`` or a method that calls it.
+    Threads started inside the block are watched too (``threading.setprofile``); a thread started
+    before it is the grader's to see (it refuses an answer while such a thread works).
     A decorated reference is watched by its own body (``inspect.unwrap``): every function under
     ``@torch.no_grad()`` or ``@functools.wraps`` shares the decorator's wrapper code, so watching that
     would also flag the learner's own decorated function.
     """
     codes = {inspect.unwrap(f).__code__: f for f in functions}
     called: list[Callable[..., Any]] = []
-    previous = sys.getprofile()
+    previous, previous_threads = sys.getprofile(), threading.getprofile()
 
     def profile(frame: Any, event: str, arg: Any) -> None:  # noqa: ARG001 (profiler signature)
         if event == "call" and frame.f_code in codes:
             called.append(codes[frame.f_code])
 
     sys.setprofile(profile)
+    threading.setprofile(profile)  # and every thread started inside the block (#49: a worker thread)
     try:
         yield called
     finally:
         sys.setprofile(previous)
+        threading.setprofile(previous_threads)
 
 
 class CheckFailure(AssertionError):
@@ -271,15 +275,34 @@ def yours_or_reference(yours: Any, reference: Any, name: str | None = None, owne
 def run_learner(fn: Callable[..., Any], *args: Any, case: str = "", hint: str = "", **kwargs: Any) -> Any:
     """Return ``fn(*args, **kwargs)``; a crash becomes a ``CheckFailure`` naming the case, the error and ``hint``.
 
+    A tensor returned (alone, or in a tuple or list) of a subclass of ``torch.Tensor`` comes back as
+    a plain ``torch.Tensor`` on the same data, still in the autograd graph: the checker's comparisons
+    run torch's own methods, never the subclass's ``__torch_function__`` (#49: a tensor that lies).
+
     ``NotImplementedError`` (an unfinished exercise, see ``checker``) and ``CheckFailure`` pass through.
     """
     try:
-        return fn(*args, **kwargs)
+        return _unsubclassed(fn(*args, **kwargs))
     except (NotImplementedError, CheckFailure):
         raise
     except Exception as err:
         where = f" ({case})" if case else ""
         raise CheckFailure(f"Your code raised {type(err).__name__}{where}: {err}. {hint}".strip()) from err
+
+
+def _unsubclassed(value: Any) -> Any:
+    """``value`` with every tensor of a ``torch.Tensor`` subclass, at its top level or in a tuple or
+    list, seen as a plain ``torch.Tensor`` (same data, same autograd graph)."""
+    if type(value) in (tuple, list):
+        return type(value)(_unsubclassed(v) for v in value)
+    if isinstance(value, torch.Tensor) and type(value) is not torch.Tensor \
+            and not isinstance(value, nn.Parameter):
+        try:
+            with torch._C.DisableTorchFunctionSubclass():
+                return torch.Tensor.as_subclass(value, torch.Tensor)
+        except Exception:  # noqa: BLE001 (no data of its own: the checker's own use of it fails, named)
+            return value
+    return value
 
 
 @contextlib.contextmanager
@@ -415,8 +438,9 @@ def expect_finite(got: torch.Tensor, what: str, fix: str) -> None:
 
 
 def close(a: Any, b: Any, atol: float = ATOL) -> bool:
-    """True if ``a`` and ``b`` (a tensor or a sequence of tensors) have the same shapes and values."""
-    a_t, b_t = _as_tensors(a), _as_tensors(b)
+    """True if ``a`` and ``b`` (a tensor or a sequence of tensors) have the same shapes and values,
+    compared as plain tensors (``plain``): a subclass's ``allclose`` or ``__torch_function__`` never runs."""
+    a_t, b_t = _as_tensors(plain(a, "your output")), _as_tensors(plain(b, "the reference"))
     if len(a_t) != len(b_t):
         return False
     for x, y in zip(a_t, b_t):
@@ -435,7 +459,9 @@ def compare(
     case: str,
     atol: float = ATOL,
 ) -> None:
-    """Pass if ``got`` equals ``expected``; otherwise name the first mistake whose output ``got`` matches."""
+    """Pass if ``got`` equals ``expected``; otherwise name the first mistake whose output ``got`` matches.
+    ``got`` is compared as plain values (``plain``), whatever type the learner's code returned."""
+    got = plain(got, "your output")
     if close(got, expected, atol):
         return
     for mistake in mistakes:

@@ -37,12 +37,13 @@ def check_broadcast_shape(
 ) -> None:
     """Predict: the shape of ``a + b`` (``a``: ``shape_a``, ``b``: ``shape_b``), or "error"."""
     shape_a, shape_b = tuple(shape_a), tuple(shape_b)
+    # the learner's answer first: the truth is not yet in this frame for their code to read (#49)
+    answer = plain(run_learner(fn, case="your prediction",
+                               hint="predicted_broadcast_shape() takes no argument and returns a tuple."))
     try:
         truth: tuple[int, ...] | str = tuple(torch.broadcast_shapes(shape_a, shape_b))
     except RuntimeError:
         truth = "error"
-    answer = plain(run_learner(fn, case="your prediction",
-                               hint="predicted_broadcast_shape() takes no argument and returns a tuple."))
     if isinstance(answer, str):
         if answer.strip().lower() != "error":
             raise CheckFailure(f"Return a shape as a tuple, e.g. (2, 3), or the string \"error\"; "
@@ -89,12 +90,13 @@ def check_gradient_prediction(
     fn: Callable[[], Any], f: Callable[[torch.Tensor], torch.Tensor], x: Sequence[float]
 ) -> None:
     """Predict: ``x.grad`` after ``y = f(x)`` and ``y.backward()`` for ``x = torch.tensor(x)``."""
+    # the learner's answer first: the truth is not yet in this frame for their code to read (#49)
+    answer = plain(run_learner(fn, case="your prediction",
+                               hint="predicted_gradient() takes no argument and returns a list."))
     x_t = torch.tensor(list(x), dtype=torch.float32, requires_grad=True)
     y = f(x_t)
     y.backward()
     truth = x_t.grad.detach()
-    answer = plain(run_learner(fn, case="your prediction",
-                               hint="predicted_gradient() takes no argument and returns a list."))
     meaning = ("x.grad holds dy/dx_i, how much y changes per unit change of each x_i, with the "
                "same shape as x")
     if answer is None:
@@ -147,10 +149,11 @@ def _breakdown(module: nn.Module) -> str:
 @checker
 def check_parameter_count(fn: Callable[[], Any], module: nn.Module) -> None:
     """Predict: how many learnable numbers does ``module`` hold (the sum of ``p.numel()``)?"""
-    params = dict(module.named_parameters())
-    truth = sum(p.numel() for p in params.values())
+    # the learner's answer first: the truth is not yet in this frame for their code to read (#49)
     answer = plain(run_learner(fn, case="your prediction",
                                hint="predicted_parameter_count() takes no argument and returns an int."))
+    params = dict(module.named_parameters())
+    truth = sum(p.numel() for p in params.values())
     if isinstance(answer, torch.Tensor) and answer.numel() == 1:
         answer = answer.item()
     if hasattr(answer, "item") and not isinstance(answer, (str, bytes)):  # a NumPy number

@@ -504,11 +504,12 @@ def check_top_key_prediction(
     tokens = list(tokens)
     if query_token not in tokens:
         raise ValueError(f"check_top_key_prediction: {query_token!r} is not among the tokens {tokens}")
+    # the learner's answer first: the truth is not yet in this frame for their code to read (#49)
+    answer = plain(run_learner(fn, case="your prediction",
+                               hint="predicted_top_key() takes no argument and returns a token, e.g. \"cat\"."))
     i = tokens.index(query_token)
     scores = (query[i] @ key.transpose(-2, -1)).detach().float()  # (L,): one score per key
     best = int(scores.argmax())
-    answer = plain(run_learner(fn, case="your prediction",
-                               hint="predicted_top_key() takes no argument and returns a token, e.g. \"cat\"."))
     positions, said = _token_positions(answer, tokens, fn.__name__ if hasattr(fn, "__name__") else "it")
     runner = max((p for p in range(len(tokens)) if tokens[p] != tokens[best]), key=lambda p: scores[p])
     own = torch.equal(query, key) and best == i
@@ -578,9 +579,10 @@ def check_nan_rows_prediction(fn: Callable[[], Any], ids: torch.Tensor, pad_id: 
     ``ids``: the token ids ``(B, L)`` of the padded batch. ``fn()`` returns ``(sentence, position)``
     pairs (or a bool ``(B, L)`` tensor). The truth is computed here by running the ``-inf`` recipe.
     """
-    truth = _nan_rows(ids, pad_id)
+    # the learner's answer first: the truth is not yet in this frame for their code to read (#49)
     answer = plain(run_learner(fn, case="your prediction",
                                hint="predicted_nan_rows() takes no argument and returns a list of pairs."))
+    truth = _nan_rows(ids, pad_id)
     got = _as_pairs(answer, tuple(ids.shape))
     why = ("with padding hidden on the query axis too, a pad query's whole row of the mask is False, "
            "every one of its scores is -inf, and softmax(-inf, ..., -inf) = 0 / 0 = NaN")

@@ -26,13 +26,31 @@ import sys
 MIME = "application/vnd.course-grader+json"
 
 
+# The import machinery and the way a result leaves the kernel: every function and class they hold,
+# private names included (a patched ``_find_and_load`` or ``PathFinder.find_spec`` would hand the
+# re-check a fake checker module; a patched ``json_clean`` or ``Session.send`` would rewrite a result).
+_DEEP = ("importlib", "importlib._bootstrap", "importlib._bootstrap_external", "_frozen_importlib",
+         "_frozen_importlib_external", "ipykernel.zmqshell", "ipykernel.jsonutil", "ipykernel.iostream",
+         "jupyter_client.session", "jupyter_client.jsonutil", "IPython.core.display_functions",
+         "IPython.display")
+
+
 def _watched(target):
-    """The attributes of ``target`` that restore() guards: public names, and Tensor's operators."""
+    """The attributes of ``target`` that restore() guards: public names, Tensor's operators, and
+    every callable of the import machinery and of the display path (``_DEEP``)."""
+    import types
+
     names = vars(target)
-    if target.__name__ == "Tensor":
+    name = getattr(target, "__name__", None)
+    if name == "Tensor":
         return {k: v for k, v in names.items() if not k.startswith("_") or k.endswith("__")}
-    if target.__name__ == "builtins":  # ipykernel swaps input() per request itself
-        return {k: v for k, v in names.items() if not k.startswith("_") and k != "input"}
+    if name == "builtins":  # ipykernel swaps input() per request itself
+        return {k: v for k, v in names.items() if (not k.startswith("_") and k != "input")
+                or k in ("__import__", "__build_class__")}
+    if (isinstance(target, types.ModuleType) and name in _DEEP) or \
+            (isinstance(target, type) and target.__module__ in _DEEP):
+        return {k: v for k, v in names.items() if k not in ("__dict__", "__weakref__", "__doc__")
+                and (callable(v) or isinstance(v, (classmethod, staticmethod, property)))}
     return {k: v for k, v in names.items() if not k.startswith("_")}
 
 
@@ -153,8 +171,31 @@ def snapshot():
     import json
     import json.encoder
 
-    saved = [(t, dict(_watched(t))) for t in (builtins, torch, torch.Tensor, F, torch.nn.Module, json,
-                                              json.encoder, json.JSONEncoder)]
+    import importlib
+    import inspect
+
+    try:  # the way results leave: IPython's publish_display_data and, in a kernel, ipykernel's classes
+        import IPython.display  # noqa: F401
+        from IPython.core import display_functions
+
+        publish_display_data = display_functions.publish_display_data
+    except ImportError:
+        publish_display_data = None
+    for name in ("ipykernel.zmqshell", "ipykernel.jsonutil", "ipykernel.iostream", "jupyter_client.session",
+                 "jupyter_client.jsonutil"):
+        if name.split(".")[0] in sys.modules:
+            try:
+                importlib.import_module(name)
+            except Exception:  # noqa: BLE001
+                pass
+    deep = [sys.modules[n] for n in _DEEP if n in sys.modules]
+    deep += [v for m in deep for v in vars(m).values() if inspect.isclass(v) and v.__module__ in _DEEP]
+    targets = [builtins, torch, torch.Tensor, F, torch.nn.Module, json, json.encoder, json.JSONEncoder]
+    saved = [(t, dict(_watched(t))) for t in targets + list({id(t): t for t in deep}.values())]
+    # the display publisher and its session, as this kernel has them: their own attributes that send
+    held = _sending_objects()
+    hooks = [list(h) for h in _display_hooks()]
+    finders, path_hooks = list(sys.meta_path), list(sys.path_hooks)
     modules = {n: m for n, m in sys.modules.items() if _is_ours(n) and not n.startswith("course_lib.checks")}
     ours = _restorer(modules)
     missing = object()
@@ -162,6 +203,32 @@ def snapshot():
 
     def restore(containers_too=True):
         changed = []
+        # the import machinery: the finders there were come first again, in their order (one the
+        # notebook added goes after them, where it can no longer serve course_lib); caches are dropped
+        for name, now, before in (("sys.meta_path", sys.meta_path, finders), ("sys.path_hooks", sys.path_hooks,
+                                                                               path_hooks)):
+            added = [f for f in now if not any(f is b for b in before)]
+            if len(now) < len(before) or any(a is not b for a, b in zip(now, before)):
+                now[:] = before + added
+                changed.append(name)
+        if sys.meta_path is not finders:
+            sys.meta_path = finders
+            changed.append("sys.meta_path")
+        if sys.path_hooks is not path_hooks:
+            sys.path_hooks = path_hooks
+            changed.append("sys.path_hooks")
+        for d, kept in held:
+            for key, value in kept.items():
+                if d.get(key, missing) is not value:
+                    d[key] = value
+                    changed.append(f"the kernel's display path ({key})")
+            for key in [k for k, v in d.items() if callable(v) and k not in kept]:  # a method shadowed
+                del d[key]
+                changed.append(f"the kernel's display path ({key})")
+        for now, before in zip(_display_hooks(), hooks):
+            if len(now) != len(before) or any(a is not b for a, b in zip(now, before)):
+                now[:] = before
+                changed.append("the kernel's display hooks")
         for target, attrs_ in saved:
             now = vars(target)
             for name, value in attrs_.items():
@@ -178,7 +245,43 @@ def snapshot():
         return changed + ours(containers_too)
 
     restore.kernel_threads = kernel_threads
+    restore.publish_display_data = publish_display_data  # the function as it was before any cell ran
     return restore
+
+
+def _sending_objects():
+    """(dict, {key: value}) for the attributes through which a display message leaves this kernel:
+    the display publisher's and its session's own callables, socket and session (traitlets keep the
+    last two in ``_trait_values``). Empty outside a kernel."""
+    try:
+        from IPython import get_ipython
+
+        shell = get_ipython()
+    except ImportError:
+        return []
+    found = []
+    pub = getattr(shell, "display_pub", None)
+    for obj in (pub, getattr(pub, "session", None)):
+        if obj is None:
+            continue
+        for d in (vars(obj), vars(obj).get("_trait_values")):
+            if isinstance(d, dict):
+                found.append((d, {k: v for k, v in d.items() if callable(v) or k in (
+                    "session", "pub_socket", "pack", "unpack", "auth", "digest_mod", "_thread_local")}))
+    return found
+
+
+def _display_hooks():
+    """The lists of display hooks (``display_pub.register_hook``) this thread's messages pass
+    through: a hook could rewrite a result. Empty outside a kernel."""
+    try:
+        from IPython import get_ipython
+
+        pub = getattr(get_ipython(), "display_pub", None)
+        hooks = getattr(pub, "_hooks", None)
+    except Exception:  # noqa: BLE001
+        return []
+    return [hooks] if isinstance(hooks, list) else []
 
 
 def _fingerprint(code):
@@ -333,6 +436,8 @@ def recheck(spec, seed, limit, restore, nonce, solutions_dir, cells, user_ns=Non
     threading.setprofile(None)
     threading.settrace(None)
     patched_before = restore()
+    sys.path_importer_cache.clear()  # a finder the notebook put in the cache for course_lib's folder goes
+    importlib.invalidate_caches()
     # tqdm's monitor thread, started by any progress bar (course_lib's training loops, a learner's
     # own tqdm), wakes every 10 s: a library's housekeeping, not the learner's work. It is stopped
     # here, or the busy-thread rule below would cost a lesson that trains (06-09) its marks.
@@ -358,7 +463,9 @@ def recheck(spec, seed, limit, restore, nonce, solutions_dir, cells, user_ns=Non
     else:
         transform = None
     if publish is None:
-        from IPython.display import publish_display_data
+        publish_display_data = getattr(restore, "publish_display_data", None)  # as it was before any cell
+        if publish_display_data is None:
+            from IPython.display import publish_display_data
 
         def publish(payload):
             publish_display_data({MIME: payload})
@@ -455,27 +562,37 @@ def recheck(spec, seed, limit, restore, nonce, solutions_dir, cells, user_ns=Non
             signal.setitimer(signal.ITIMER_REAL, allowed[0])
             threading.settrace(tracer)
             sys.settrace(tracer)
+            raised = False
+            poisoned = _poison_solutions(solutions_dir, used)
             try:
-                with contextlib.redirect_stdout(printed), _reseeded(seed):
+                with contextlib.redirect_stdout(printed), _reseeded(seed), _no_trace_switch(used):
                     eval(call, namespace)
             except GraderTimeout as err:
-                message = f"Timed out: {err}."
+                raised, message = True, f"Timed out: {_text(err)}."
             except BaseException as err:  # noqa: BLE001 (a learner's SystemExit or anything else)
-                try:
-                    message = str(err) or type(err).__name__
-                    mistake = str(getattr(err, "mistake", "") or "")
-                    site = str(getattr(err, "site", "") or "")
-                except BaseException:  # noqa: BLE001 (an exception whose __str__ fails)
-                    message = "the check raised an exception that cannot be printed"
+                # read as data, never by the exception's own methods: a learner's __str__ or
+                # __getattr__ runs nothing here (#49: one set the last result to "passed")
+                raised, message = True, _text(err) or _type_name(err)
+                if type(err) is common.CheckFailure:
+                    mistake, site = _plain_str(vars(err).get("mistake")), _plain_str(vars(err).get("site"))
             finally:
+                tracing = sys.gettrace()
                 sys.settrace(None)
                 threading.settrace(None)
                 signal.setitimer(signal.ITIMER_REAL, 0)
+                _unpoison(poisoned)
+            if tracing is not tracer:  # switched off by the code it traced (sys.settrace, ctypes)
+                used.append("code that switched off the grader's tracing")
+                outcome, raised = "failed", True
+                message = message or ("Your code switched off the grader's tracing (sys.settrace) while it "
+                                      "was being checked; it is graded 0.")
+                mistake = "grader: switched off tracing"
             cpu_after = cpu_of(learner_threads)
             busy = [i for i in cpu_after if cpu_after[i] - cpu_before.get(i, cpu_after[i]) > 0.0001]
             new = common.RESULTS[before:]
-            if not message and len(new) == 1:
-                outcome = new[0].outcome
+            if not raised and not message and len(new) == 1:
+                outcome = _plain_str(vars(new[0]).get("outcome")) if type(new[0]) is common.CheckResult \
+                    else "failed"
             tampered = restore(False) + restore_checkers(False)  # and put them back for the next exercise
             foreign = [c for c in _exercise_codes(candidate) if fp_missing(c, cell_prints)]
             if tampered:
@@ -516,3 +633,79 @@ def recheck(spec, seed, limit, restore, nonce, solutions_dir, cells, user_ns=Non
 def fp_missing(code, cell_prints):
     """True if ``code`` was not compiled from any of the notebook's cells."""
     return _fingerprint(code) not in cell_prints
+
+
+def _plain_str(value):
+    """``value`` as an exact ``str`` if it is one (its subclass's methods never run), else ""."""
+    return str.__str__(value) if issubclass(type(value), str) else ""
+
+
+def _text(err):
+    """An exception's message read as data: its arguments if they are all strings, else ""."""
+    args = BaseException.__dict__["args"].__get__(err)
+    if type(args) is tuple and all(issubclass(type(a), str) for a in args):
+        return "; ".join(str.__str__(a) for a in args)
+    return ""
+
+
+def _type_name(err):
+    return str.__str__(type.__dict__["__name__"].__get__(type(err)))
+
+
+def _poison_solutions(solutions_dir, used):
+    """While an exercise is checked, every function of course_lib's solutions that the notebook has
+    imported records that it ran (in ``used``) and raises: whatever happened to the grader's tracing
+    (#49: switched off by the code it traced), a call of a solution is seen. Returns what to put back."""
+    import os
+
+    trap_name = "__course_grader_trap__"
+
+    def trap(*args, **kwargs):  # noqa: ARG001
+        used.append("course_lib's solutions")
+        raise RuntimeError("course_lib's solutions cannot run while an exercise is graded")
+
+    stub = compile(f"def _solution(*args, **kwargs):\n    return {trap_name}(*args, **kwargs)\n", "<grader>", "exec")
+    code = next(c for c in stub.co_consts if hasattr(c, "co_code"))
+    poisoned = []
+    for name, module in list(sys.modules.items()):
+        path = getattr(module, "__file__", None) or ""
+        if not (name.startswith("course_lib.solutions.") and os.path.abspath(path).startswith(
+                os.path.abspath(solutions_dir))):
+            continue
+        vars(module)[trap_name] = trap
+        poisoned.append((module, trap_name))
+        for _, _, function in _functions_of(module):
+            if not function.__code__.co_freevars:
+                poisoned.append((function, function.__code__))
+                function.__code__ = code
+    return poisoned
+
+
+def _unpoison(poisoned):
+    for owner, what in poisoned:
+        if isinstance(what, str):
+            vars(owner).pop(what, None)  # the module's trap name
+        else:
+            owner.__code__ = what
+
+
+def _no_trace_switch(used):
+    """A context in which ``sys.settrace`` and ``threading.settrace`` record a call (in ``used``) and
+    do nothing: the learner's code cannot switch off the grader's tracer by them."""
+    import contextlib
+    import threading
+
+    @contextlib.contextmanager
+    def guarded():
+        real = sys.settrace, threading.settrace
+
+        def switched(*args, **kwargs):  # noqa: ARG001
+            used.append("code that switched off the grader's tracing")
+
+        sys.settrace = threading.settrace = switched
+        try:
+            yield
+        finally:
+            sys.settrace, threading.settrace = real
+
+    return guarded()

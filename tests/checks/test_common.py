@@ -150,3 +150,45 @@ def test_plain_refuses_a_subclass_that_does_not_convert():
         plain(NoData((3,)))
     broken = torch.Tensor._make_subclass(Broken, torch.zeros(2))
     assert type(plain(broken)) is torch.Tensor  # its __torch_function__ is not consulted at all
+
+
+def test_shared_comparisons_judge_plain_values():
+    """compare() and close(), which lessons 02-14's checkers share, never run a subclass's own methods."""
+    import torch
+
+    from course_lib.checks.common import Mistake, close, compare
+
+    class Lying(torch.Tensor):
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            if func in (torch.allclose, torch.Tensor.__eq__, torch.equal):
+                return True
+            return super().__torch_function__(func, types, args, kwargs or {})
+
+    liar = torch.zeros(2, 3).as_subclass(Lying)
+    assert not close(liar, torch.ones(2, 3)) and not close((liar,), (torch.ones(2, 3),))
+    with pytest.raises(CheckFailure, match="differs"):
+        compare(liar, torch.ones(2, 3), (), [Mistake("unused", "", lambda: torch.full((2, 3), 5.0))], "a case")
+    compare(torch.ones(2, 3).as_subclass(Lying), torch.ones(2, 3), (), [], "a case")  # right values pass
+
+
+def test_a_lying_tensor_is_refused_by_a_lesson_02_checker():
+    import torch
+
+    from course_lib.checks import check_split_heads
+
+    split = solution_namespace("02.split_heads")["split_heads"]
+
+    class Lying(torch.Tensor):
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            if func in (torch.allclose, torch.equal):
+                return True
+            return super().__torch_function__(func, types, args, kwargs or {})
+
+    def lying_split(x, num_heads):
+        return torch.zeros_like(split(x, num_heads)).as_subclass(Lying)
+
+    with pytest.raises(CheckFailure):
+        check_split_heads(lying_split)
+    check_split_heads(split)

@@ -289,7 +289,8 @@ def test_feedback_says_passed_message_or_not_attempted(graded):
     # each fake of issue 40 is named for what it is
     pages = {name: (graded["tmp"] / "out" / "feedback" / f"{name}.html").read_text(encoding="utf-8")
              for name in ("fakes_b_d_a", "fakes_f_d", "lesson01_reference_pasted", "frame_swap", "forged_results")}
-    assert "is not code from your notebook&#x27;s cells" in pages["fakes_b_d_a"]  # (b)
+    # (b): the imported solution, renamed, is found out as it runs: the solutions refuse to run (#49)
+    assert "course_lib&#x27;s solutions cannot run while an exercise is graded" in pages["fakes_b_d_a"]
     assert "runs a copy of course_lib&#x27;s solutions" in pages["fakes_b_d_a"]  # (a)
     assert "A thread your notebook started earlier" in pages["fakes_b_d_a"]  # (d)
     assert "runs course_lib&#x27;s solutions" in pages["fakes_f_d"]  # (d), a new thread

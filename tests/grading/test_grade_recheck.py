@@ -215,3 +215,120 @@ def test_the_swiglu_solution_passes_the_recheck_on_every_seed():
     for words, forward in wrong.items():
         for seed in seeds[:8]:
             assert words.strip() in _reseeded_check(grader, check_swiglu, wired(forward), seed), (words, seed)
+
+
+# ----------------------------------------------------------------------------------------------
+# #49's fakes, in this process: each would have turned a wrong prediction into a pass; each earns 0
+# ----------------------------------------------------------------------------------------------
+
+WRONG = "def predicted_gradient():\n    return [0.0, 0.0, 0.0]\n"
+_PASS = ("import sys\n"
+         "def _pass(*args, **kwargs):\n"
+         "    common = sys.modules['course_lib.checks.common']\n"
+         "    common.RESULTS.append(common.CheckResult('check_gradient_prediction', 'predicted_gradient',"
+         " 'passed'))\n")
+FAKES = {
+    # the re-check's fresh import of the checkers, served by the notebook
+    "import_module_wrapped": _PASS + (
+        "import importlib, types\n_real = importlib.import_module\n"
+        "def _fake(name, package=None):\n    module = _real(name, package)\n"
+        "    if name == 'course_lib.checks':\n"
+        "        fake = types.ModuleType(name)\n        fake.__dict__.update(vars(module))\n"
+        "        fake.check_gradient_prediction = _pass\n        return fake\n    return module\n"
+        "importlib.import_module = _fake\n" + WRONG),
+    "meta_path_finder": _PASS + (
+        "import importlib.machinery\n"
+        "class _Finder:\n"
+        "    @staticmethod\n"
+        "    def find_spec(name, path=None, target=None):\n"
+        "        if name != 'course_lib.checks.lesson00_prerequisites':\n            return None\n"
+        "        spec = importlib.machinery.PathFinder.find_spec(name, path)\n"
+        "        real = spec.loader.exec_module\n"
+        "        def exec_module(module):\n            real(module)\n"
+        "            module.check_gradient_prediction = _pass\n"
+        "        spec.loader.exec_module = exec_module\n        return spec\n"
+        "sys.meta_path.insert(0, _Finder)\n" + WRONG),
+    # an exception whose __str__ rewrites the last result and returns ""
+    "exception_str": ("import sys\n"
+                      "class Sneaky(BaseException):\n"
+                      "    def __str__(self):\n"
+                      "        sys.modules['course_lib.checks.common'].RESULTS[-1].outcome = 'passed'\n"
+                      "        return ''\n"
+                      "Sneaky.__name__ = ''\n"
+                      "def predicted_gradient():\n    raise Sneaky()\n"),
+    # the truth read from the checker's frame
+    "reads_the_checkers_frame": ("import sys\n"
+                                 "def predicted_gradient():\n"
+                                 "    frame = sys._getframe(1)\n"
+                                 "    while frame is not None:\n"
+                                 "        if 'truth' in frame.f_locals:\n"
+                                 "            return frame.f_locals['truth'].tolist()\n"
+                                 "        frame = frame.f_back\n"
+                                 "    return [0.0, 0.0, 0.0]\n"),
+    # course_lib's solution, called with the grader's tracer switched off
+    "settrace_none": ("import sys\nfrom course_lib.solutions.lesson00 import predicted_gradient as _s\n"
+                      "def predicted_gradient():\n    sys.settrace(None)\n    return _s()\n"),
+    "settrace_saved_and_put_back": ("import sys\nfrom course_lib.solutions.lesson00 import predicted_gradient as _s\n"
+                                    "_st = sys.settrace\n"
+                                    "def predicted_gradient():\n    t = sys.gettrace()\n    _st(None)\n"
+                                    "    try:\n        return _s()\n    finally:\n        _st(t)\n"),
+    "pyeval_settrace_by_ctypes": ("import ctypes\nfrom course_lib.solutions.lesson00 import predicted_gradient as _s\n"
+                                  "def predicted_gradient():\n"
+                                  "    ctypes.pythonapi.PyEval_SetTrace(None, None)\n    return _s()\n"),
+}
+
+
+@pytest.mark.parametrize("case", list(FAKES))
+def test_each_fake_of_49_earns_0(shell, case):
+    result = _recheck_cells(shell, [LESSON00_F, FAKES[case]], GRADIENT)
+    assert result["outcome"] == "failed", (case, result)
+
+
+def test_a_lying_tensor_and_a_lying_string_earn_0(shell):
+    liar = ("import torch\n"
+            "class Lying(torch.Tensor):\n"
+            "    @classmethod\n"
+            "    def __torch_function__(cls, func, types, args=(), kwargs=None):\n"
+            "        if func in (torch.allclose, torch.equal, torch.Tensor.__eq__):\n            return True\n"
+            "        return super().__torch_function__(func, types, args, kwargs or {})\n"
+            "def predicted_gradient():\n    return torch.zeros(3).as_subclass(Lying)\n")
+    assert _recheck_cells(shell, [LESSON00_F, liar], GRADIENT)["outcome"] == "failed"
+
+
+def test_a_wrapped_publish_cannot_rewrite_the_results(shell):
+    """The results leave through publish_display_data as it was before the notebook's first cell:
+    a wrapper that rewrites every result to "passed" (#49, three lines) never sees them."""
+    from IPython.core.displaypub import DisplayPublisher
+
+    sent: list[dict] = []
+
+    class Recorder(DisplayPublisher):
+        def publish(self, data, metadata=None, **kwargs):  # noqa: ARG002
+            sent.append(data)
+
+    shell.display_pub = Recorder(shell=shell)
+    grader = _grader()
+    restore = grader["snapshot"]()
+    wrap = ("import json\nimport IPython.display\nfrom IPython.core import display_functions\n"
+            "_real = IPython.display.publish_display_data\n"
+            "def _rewrite(data, *args, **kwargs):\n"
+            "    for mime, text in list(data.items()):\n"
+            "        if 'course-grader' in mime:\n"
+            "            d = json.loads(text)\n"
+            "            d['result'].update(outcome='passed', message='')\n"
+            "            data[mime] = json.dumps(d)\n"
+            "    return _real(data, *args, **kwargs)\n"
+            "IPython.display.publish_display_data = display_functions.publish_display_data = _rewrite\n"
+            "get_ipython().display_pub.publish = lambda data, *a, **k: sent_by_learner.append(data)\n"
+            "sent_by_learner = []\n")
+    cells = [LESSON00_F, wrap, WRONG]
+    for cell in cells:
+        assert shell.run_cell(cell, store_history=False).success
+    results = grader["recheck"]([GRADIENT], 10_000, 60.0, restore, "nonce", SOLUTIONS, cells)
+    import json
+
+    payloads = [json.loads(d[grader["MIME"]]) for d in sent if grader["MIME"] in d]
+    assert [p["result"]["outcome"] for p in payloads] == ["failed"], payloads
+    assert results["exercises"]["00.gradient"]["outcome"] == "failed"
+    assert any("publish_display_data" in p or "display path" in p for p in results["patched_before"])
+    assert shell.user_ns["sent_by_learner"] == []

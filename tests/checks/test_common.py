@@ -192,3 +192,37 @@ def test_a_lying_tensor_is_refused_by_a_lesson_02_checker():
     with pytest.raises(CheckFailure):
         check_split_heads(lying_split)
     check_split_heads(split)
+
+
+def test_calls_to_sees_a_reference_run_on_a_thread_started_inside():
+    """#49: course_lib's RMSNorm run on a worker thread was not refused (11.rmsnorm)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import torch
+
+    from course_lib.checks import check_rmsnorm
+    from course_lib.checks.common import calls_to
+    from course_lib.modern import RMSNorm
+
+    def reference(x):
+        return x * 2
+
+    with calls_to([reference]) as seen:
+        with ThreadPoolExecutor(1) as pool:
+            pool.submit(reference, 1).result()
+    assert seen == [reference]
+
+    class OnAThread(torch.nn.Module):
+        def __init__(self, d_model, eps=1e-6):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.ones(d_model))
+            self.eps = eps
+
+        def forward(self, x):
+            norm = RMSNorm(x.size(-1), eps=self.eps)
+            norm.weight = self.weight
+            with ThreadPoolExecutor(1) as pool:
+                return pool.submit(norm, x).result()
+
+    with pytest.raises(CheckFailure, match="RMSNorm"):
+        check_rmsnorm(OnAThread)

@@ -25,9 +25,11 @@ tests/lib/test_package_map.py fails when a module is missing here or breaks that
     12     lens_port      course_lib's model inside TransformerLens 4
     13     flash          the online softmax and FlashAttention-2's tiled passes
     13     flex           PyTorch's FlexAttention: masks and score changes without a matrix
-    13     paged          the KV cache in pages (PagedAttention)
+    13     paged          the KV cache in pages (PagedAttention): shared blocks, page-by-page attention
     14     launch         N processes in one gloo group, always ended
     14     parallel       gradient accumulation, data parallel, ZeRO-1, tensor parallel
+    14     data_parallel  a bucketed DDP container built by hand (as CS336's), and its timeline
+    14     sharding       ZeRO-1 around any optimizer, ZeRO's bytes per rank, collectives counted
     14     train_ddp      lesson 09's GPT under torchrun with DDP or FSDP2
     01-12  viz            pictures: attention heatmaps, masks, curves
     02-12  bertviz_views  bertviz's interactive views, drawn offline

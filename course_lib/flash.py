@@ -30,6 +30,8 @@ storing them, with D = rowsum(dO ∘ O):
     5  dQ_i += dS K_j * scale,   dK_j += dS^T Q_i * scale
 
 So memory grows with L (the inputs, the output, L and D), plus one tile of scores: not with L².
+``flash_backward_tile`` is steps 1-5 for one pair of tiles. ``attention_io_bytes`` counts the
+bytes a forward pass moves between slow and fast memory, as the paper's Theorem 2 counts them.
 
 Conventions, as ``F.scaled_dot_product_attention``: ``q (B, h, L_q, d)``, ``k (B, kv, L_k, d)``,
 ``v (B, kv, L_k, d_v)``; ``kv`` divides ``h`` (grouped-query attention: query head i reads KV head
@@ -51,8 +53,9 @@ import math
 
 import torch
 
-__all__ = ["merge_softmax_states", "flash_attention_forward", "flash_attention_backward",
-           "FlashAttention", "flash_attention", "naive_attention"]
+__all__ = ["merge_softmax_states", "flash_attention_forward", "flash_backward_tile",
+           "flash_attention_backward", "FlashAttention", "flash_attention", "naive_attention",
+           "attention_io_bytes"]
 
 _NEG_INF = float("-inf")
 
@@ -240,6 +243,50 @@ def flash_attention_forward(
     return out.flatten(1, 2), lse.flatten(1, 2)  # (B, h, L_q, d_v), (B, h, L_q)
 
 
+def flash_backward_tile(
+    q_i: torch.Tensor, k_j: torch.Tensor, v_j: torch.Tensor, d_out_i: torch.Tensor,
+    lse_i: torch.Tensor, D_i: torch.Tensor, scale: float, allowed: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One tile of FlashAttention-2's backward pass (Algorithm 2, steps 1-5): what the query tile
+    ``i`` and the key tile ``j`` add to dQ_i, dK_j and dV_j.
+
+    ``q_i (..., bq, d)``, ``k_j (..., bk, d)``, ``v_j (..., bk, d_v)``, ``d_out_i (..., bq, d_v)``
+    the output's gradient, ``lse_i (..., bq)`` the forward's log-sum-exp (0 in a row that sees no
+    key), ``D_i (..., bq)`` = rowsum(dO_i ∘ O_i), ``allowed`` bool ``(..., bq, bk)`` or None (all
+    keys visible); leading dimensions broadcast. Returns ``(dq_i (..., bq, d), dk_j (..., bk, d),
+    dv_j (..., bk, d_v))``, with the broadcast leading dimensions (the caller sums a group's heads).
+    P is recomputed from S and L: no state from other tiles is needed.
+    """
+    s = q_i @ k_j.transpose(-2, -1) * scale  # (..., bq, bk)
+    if allowed is not None:
+        s = s.masked_fill(~allowed, _NEG_INF)
+    p = torch.exp(s - lse_i[..., None])  # 1: the softmax's probabilities, from L (hidden keys: 0)
+    dv_j = p.transpose(-2, -1) @ d_out_i  # 2: (..., bk, d_v)
+    dp = d_out_i @ v_j.transpose(-2, -1)  # 3: (..., bq, bk)
+    ds = p * (dp - D_i[..., None])  # 4: the softmax's backward, D for the row sums of P ∘ dP
+    dq_i = ds @ k_j * scale  # 5: (..., bq, d)
+    dk_j = ds.transpose(-2, -1) @ q_i * scale  # (..., bk, d)
+    return dq_i, dk_j, dv_j
+
+
+def flash_backward_tile_at(
+    q_i: torch.Tensor, k_j: torch.Tensor, v_j: torch.Tensor, d_out_i: torch.Tensor,
+    lse_i: torch.Tensor, D_i: torch.Tensor, scale: float, i0: int = 0, j0: int = 0,
+    is_causal: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``flash_backward_tile`` for the tile whose first query is at position ``i0`` and first key at
+    ``j0``: under ``is_causal`` query ``i0 + r`` sees key ``j0 + c`` if ``j0 + c <= i0 + r`` (SDPA's
+    alignment). Shapes as ``flash_backward_tile``: ``q_i (..., bq, d)`` ... ; lesson 13's exercise's
+    signature."""
+    _check_is_causal(is_causal, "flash_backward_tile_at")
+    allowed = None
+    if is_causal:
+        rows = torch.arange(i0, i0 + q_i.size(-2), device=q_i.device)  # (bq,) query positions
+        cols = torch.arange(j0, j0 + k_j.size(-2), device=q_i.device)  # (bk,) key positions
+        allowed = cols[None, :] <= rows[:, None]  # (bq, bk)
+    return flash_backward_tile(q_i, k_j, v_j, d_out_i, lse_i, D_i, scale, allowed)
+
+
 def flash_attention_backward(
     d_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
     lse: torch.Tensor, mask: torch.Tensor | None = None, is_causal: bool = False,
@@ -274,15 +321,11 @@ def flash_attention_backward(
                 if allowed is not None and not allowed.any():
                     continue
                 q_i, d_out_i = q5[..., i0:i1, :].to(acc), d_out5[..., i0:i1, :].to(acc)
-                s = q_i @ k_j.transpose(-2, -1) * scale  # (B, kv, g, bq, bk)
-                if allowed is not None:
-                    s = s.masked_fill(~allowed, _NEG_INF)
-                p = torch.exp(s - lse5[..., i0:i1, None])  # 1
-                dv[:, :, j0:j1] += (p.transpose(-2, -1) @ d_out_i).sum(dim=2)  # 2: the group adds up
-                dp = d_out_i @ v_j.transpose(-2, -1)  # 3
-                ds = p * (dp - D[..., i0:i1, None])  # 4
-                dq[..., i0:i1, :] += ds @ k_j * scale  # 5
-                dk[:, :, j0:j1] += (ds.transpose(-2, -1) @ q_i).sum(dim=2) * scale
+                dq_i, dk_j, dv_j = flash_backward_tile(q_i, k_j, v_j, d_out_i, lse5[..., i0:i1],
+                                                       D[..., i0:i1], scale, allowed)  # 1-5
+                dq[..., i0:i1, :] += dq_i
+                dk[:, :, j0:j1] += dk_j.sum(dim=2)  # (B, kv, g, bk, d): the group adds up
+                dv[:, :, j0:j1] += dv_j.sum(dim=2)
     return dq.flatten(1, 2).to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
@@ -329,3 +372,34 @@ def naive_attention(
     _check_is_causal(is_causal, "naive_attention")
     mask = causal_mask(q.size(-2), q.device) if is_causal else None
     return scaled_dot_product_attention(q, k, v, mask)[0]
+
+
+def attention_io_bytes(L: int, head_dim: int, method: str, block: int = 256,
+                       bytes_per_number: int = 4) -> int:
+    """Bytes one head's attention forward pass reads and writes in slow memory (a GPU's HBM).
+
+    Counted as FlashAttention's paper counts (Dao et al., 2022, Theorem 2: standard attention
+    Θ(L·d + L²), FlashAttention Θ(L²·d²/M) for a fast memory of M numbers), with ``L`` queries and
+    keys, ``d = head_dim`` (for q, k, v and the output), no mask:
+
+    * ``"standard"`` (the paper's Algorithm 0): read Q, K, write S; read S, write P; read P and V,
+      write O: ``4·L·d + 4·L²`` numbers.
+    * ``"flash"`` (FlashAttention-2's forward, tiles of ``block`` queries and keys): read each query
+      tile once and all of K and V once per query tile; write O and the log-sum-exp:
+      ``L·d + ⌈L/block⌉·2·L·d + L·d + L`` numbers. The block must fit in the fast memory:
+      ``block ≈ M / (4·d)`` gives the theorem's Θ(L²·d²/M).
+
+    Returns the number of bytes (``bytes_per_number`` each: 4 for float32).
+    """
+    for name, value in (("L", L), ("head_dim", head_dim), ("block", block),
+                        ("bytes_per_number", bytes_per_number)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"attention_io_bytes: {name} must be an int >= 1, got {value!r}")
+    if method == "standard":
+        numbers = 4 * L * head_dim + 4 * L * L
+    elif method == "flash":
+        query_tiles = -(-L // block)  # ⌈L / block⌉
+        numbers = L * head_dim + query_tiles * 2 * L * head_dim + L * head_dim + L
+    else:
+        raise ValueError(f"attention_io_bytes: method must be 'standard' or 'flash', got {method!r}")
+    return numbers * bytes_per_number

@@ -95,8 +95,14 @@ def run_fresh(version: str, L: int) -> dict:
 
     FlexAttention's run gets an empty inductor cache: otherwise a compile cached on disk by an
     earlier run (of this script or a lesson) is read back in about 2 s, and the stored "first
-    compiled call" would not be the compile a learner's first run pays."""
-    env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())}
+    compiled call" would not be the compile a learner's first run pays.
+
+    glibc keeps freed blocks below its (dynamic) mmap threshold in the heap, where the peak resident
+    size counts them: the tiled pass's many short-lived tile temporaries then showed a peak that
+    moved by a few MiB from run to run (8k: 12.8, 16.1 and 17.2 MiB in three runs). With the
+    threshold fixed at 64 KiB, blocks that large go back to the system when freed (8k: 10.0 MiB, 16k:
+    18.7 MiB); other C libraries ignore the variable."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads()), "MALLOC_MMAP_THRESHOLD_": "65536"}
     with tempfile.TemporaryDirectory() as cache:
         if version == "flex":
             env["TORCHINDUCTOR_CACHE_DIR"] = cache

@@ -313,3 +313,55 @@ def test_the_measurement_script_keeps_what_it_did_not_measure_again(tmp_path, mo
     one = module.measure_one("tiled", 256)  # in this process: the fields the lesson reads
     assert set(one) == {"version", "L", "peak_bytes", "forward_s", "backward_s"}
     assert json.loads(json.dumps(one)) == one
+
+
+def test_backward_tiles_summed_over_a_tiling_are_autograd():
+    """``flash_backward_tile`` over every tile (causal: the mask from the tile's positions) adds up
+    to autograd's dQ, dK, dV through SDPA, float64, with a custom scale and d_v != d."""
+    from course_lib.flash import flash_backward_tile
+
+    gen = torch.Generator().manual_seed(5)
+    L, d, d_v, bq, bk, scale = 13, 4, 3, 5, 3, 0.3
+    q, k = (torch.randn(L, d, generator=gen, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    v = torch.randn(L, d_v, generator=gen, dtype=torch.float64, requires_grad=True)
+    d_out = torch.randn(L, d_v, generator=gen, dtype=torch.float64)
+    for causal in (False, True):
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+        expected = torch.autograd.grad(out, (q, k, v), d_out)
+        keep = torch.ones(L, L, dtype=torch.bool).tril() if causal else torch.ones(L, L, dtype=torch.bool)
+        lse = torch.logsumexp((q @ k.T * scale).masked_fill(~keep, -math.inf), dim=-1).detach()
+        D = (d_out * out.detach()).sum(-1)
+        dq, dk, dv = (torch.zeros_like(t) for t in (q, k, v))
+        for i0 in range(0, L, bq):
+            for j0 in range(0, L, bk):
+                i, j = slice(i0, i0 + bq), slice(j0, j0 + bk)
+                got = flash_backward_tile(q[i].detach(), k[j].detach(), v[j].detach(), d_out[i],
+                                          lse[i], D[i], scale, keep[i, j] if causal else None)
+                dq[i] += got[0]
+                dk[j] += got[1]
+                dv[j] += got[2]
+        for ours, theirs in zip((dq, dk, dv), expected):
+            assert (ours - theirs).abs().max() <= F64_TOL
+
+
+def test_attention_io_bytes_follows_the_papers_counts():
+    from course_lib.flash import attention_io_bytes
+
+    L, d = 4096, 64
+    assert attention_io_bytes(L, d, "standard") == 4 * (4 * L * d + 4 * L * L)
+    assert attention_io_bytes(L, d, "flash", block=256) == 4 * (2 * L * d + 16 * 2 * L * d + L)
+    assert attention_io_bytes(300, 8, "flash", block=256, bytes_per_number=2) == 2 * (
+        2 * 300 * 8 + 2 * 2 * 300 * 8 + 300)  # 2 query tiles, the last one short
+    # Theorem 2's shapes: standard grows as L² (x4 per doubling), flash as L²d²/M, M fixed
+    ratio = attention_io_bytes(2 * L, d, "standard") / attention_io_bytes(L, d, "standard")
+    assert 3.9 < ratio <= 4
+    four = attention_io_bytes(2 * L, d, "flash", block=64) / attention_io_bytes(L, d, "flash", block=64)
+    assert 3.9 < four <= 4
+    d_squared = (attention_io_bytes(L, 2 * d, "flash", block=64)  # M fixed: d doubles, block halves
+                 / attention_io_bytes(L, d, "flash", block=128))
+    assert 3.9 < d_squared <= 4
+    for bad, words in ((dict(method="tiled"), "'standard' or 'flash'"), (dict(block=0), "block"),
+                       (dict(L=2.5), "L must be an int")):
+        args = dict(L=L, head_dim=d, method="flash") | bad
+        with pytest.raises(ValueError, match=words):
+            attention_io_bytes(**args)

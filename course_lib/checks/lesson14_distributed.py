@@ -36,7 +36,16 @@ from ..parallel import (
     ColumnParallelLinear, CopyToParallel, ParallelMLP, ReduceFromParallel, RowParallelLinear,
     accumulate_gradients, average_gradients, random_batches, rank_share,
 )
-from .common import CheckFailure, calls_to, checker, is_course_lib, one_thread, run_learner, time_limit
+from .common import (
+    CheckFailure, calls_to, checker, is_course_lib, one_thread, plain, run_learner, time_limit,
+)
+from .lesson14_megatron_mistakes import (
+    mlp_layout, name_mlp_layout, name_scale, name_zero1_bytes, watch_mlp_calls,
+)
+from .lesson14_mistakes import (
+    describe_rows, fit_micro_weights, label_rank_gradients, name_accumulation, name_averaging,
+    replica_runs,
+)
 
 __all__ = ["check_accumulation", "check_average_gradients", "check_zero1_bytes",
            "check_seeded_replicas", "check_parallel_mlp", "LESSON_GPT_PARAMETERS"]
@@ -84,7 +93,7 @@ def check_accumulation(fn: Callable[..., Any]) -> None:
     if is_course_lib(fn):
         raise CheckFailure("That is course_lib's accumulate_gradients: write the loop yourself.")
     with torch.random.fork_rng(devices=[]), one_thread():
-        cases = [("B=8, k=2", 8, 2, 0), ("B=12, k=4", 12, 4, 1), ("B=6, k=3", 6, 3, 2)]
+        cases = [("B=12, k=2", 12, 2, 0), ("B=6, k=3", 6, 3, 2), ("B=12, k=4", 12, 4, 1)]
         for case, batch, k, seed in cases:
             x, y = random_batches(1, batch, seed=seed)[0]
             reference = _small_gpt(seed)
@@ -95,8 +104,9 @@ def check_accumulation(fn: Callable[..., Any]) -> None:
             stale = {n: torch.full_like(p, 0.5) for n, p in model.named_parameters()}
             for n, p in model.named_parameters():
                 p.grad = stale[n].clone()  # the previous step's gradients, still there
-            rows: list[int] = []
-            handle = model.register_forward_pre_hook(lambda m, inp: rows.append(inp[0].size(0)))
+            fed: list[torch.Tensor] = []
+            handle = model.register_forward_pre_hook(
+                lambda m, args, kwargs: _record_input(fed, args, kwargs), with_kwargs=True)
             try:
                 with time_limit(60.0, f"Your code ran for more than 60 s ({case}) and was stopped."):
                     run_learner(fn, model, x, y, k, case=case)
@@ -107,57 +117,53 @@ def check_accumulation(fn: Callable[..., Any]) -> None:
                 raise CheckFailure(f"Some .grad is None after your function ({case}): call backward on "
                                    "each micro-batch's loss (and do not set the gradients to None "
                                    "after the last one).")
-            if rows != [batch // k] * k:
-                raise CheckFailure(
-                    f"The model ran on batches of {rows} rows ({case}); accumulation runs it k = {k} "
-                    f"times on micro-batches of B/k = {batch // k} rows (x.chunk(k)), so that only one "
-                    "micro-batch's activations are in memory at a time.")
+            _accumulation_rows(fed, x, k, case)
             if _close(grads, expected):
                 continue
-            wrong = [
-                ({n: expected[n] * k for n in expected},
-                 f"the gradients are k = {k} times too large: each micro-batch's mean loss counts "
-                 "fully, but backward adds the k gradients; divide each micro-batch's loss by k"),
-                ({n: expected[n] + stale[n] for n in expected},
-                 "the previous step's gradients are still in .grad: backward adds to them; zero "
-                 "them (model.zero_grad() or p.grad = None) once, before the first micro-batch"),
-                ({n: expected[n] * k + stale[n] for n in expected},
-                 f"two mistakes: the old gradients are still in .grad (zero them first) and the "
-                 f"losses are not divided by k = {k}"),
-            ]
-            for grads_wrong, message in wrong:
-                if _close(grads, grads_wrong):
-                    raise CheckFailure(f"Likely mistake ({case}): {message}.", mistake=message)
-            micro = [_micro_grad(seed, xs, ys) for xs, ys in zip(x.chunk(k), y.chunk(k))]
-            running = {n: torch.zeros_like(g) for n, g in expected.items()}
-            for g_micro in micro:  # .grad divided by k after every backward
-                running = {n: (running[n] + g_micro[n]) / k for n in running}
-            observed = f"Observed ({case}): your gradients are "
-            for grads_wrong, what, message in [
-                ({n: expected[n] * k * k for n in expected}, f"k^2 = {k * k} times the whole batch's",
-                 f"each micro-batch's loss is multiplied by k = {k} instead of divided by it"),
-                ({n: expected[n] * k * k / batch for n in expected},
-                 f"k^2 / B = {k * k}/{batch} times the whole batch's",
-                 f"each micro-batch's loss is divided by B/k = {batch // k} (its number of rows) "
-                 f"instead of by k = {k}: lm_loss is already a mean over the rows"),
-                (running, "smaller than the whole batch's, the first micro-batches' shares most",
-                 f".grad is divided by k = {k} after every backward, which shrinks the earlier "
-                 "micro-batches' gradients again and again: divide each loss by k once (or .grad "
-                 "once, after the loop)"),
-            ]:
-                if _close(grads, grads_wrong):
-                    raise CheckFailure(f"{observed}{what}. Likely mistake: {message}.", mistake=message)
-            last = micro[-1]
-            for scale, message in ((1.0, "only the last micro-batch's gradient is left"),
-                                   (1.0 / k, "only the last micro-batch's gradient (over k) is left")):
-                if _close(grads, {n: g * scale for n, g in last.items()}):
-                    raise CheckFailure(f"Likely mistake ({case}): {message}: the gradients are zeroed "
-                                       "inside the loop; zero them once, before it.", mistake=message)
+            _name_accumulation_mistake(grads, fed, x, y, stale, seed, k, case)
             raise CheckFailure(f"Your gradients differ from the whole batch's by up to "
                                f"{_max_diff(grads, expected):.3g} ({case}), and none of the usual "
                                "mistakes explains it.")
     print(f"check_accumulation: all {len(cases)} cases equal one big batch (to 1e-12 in float64). "
           "Well done!")
+
+
+def _record_input(fed: list[torch.Tensor], args: tuple, kwargs: dict) -> None:
+    """A forward pre-hook's note of the token ids the model is called with, positional or not."""
+    given = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+    if given:
+        fed.append(given[0].detach().clone())
+
+
+def _accumulation_rows(fed: list[torch.Tensor], x: torch.Tensor, k: int, case: str) -> None:
+    """Refuse micro-batches that are not k pieces of B/k rows, or that do not hold every row once."""
+    batch, block = x.shape
+    about = describe_rows([tuple(t.shape) for t in fed], batch, block, k)
+    if about is not None:
+        raise CheckFailure(f"Observed ({case}): {about}.", mistake=about)
+    seen = torch.cat(fed)  # (B, T), the rows in the order the model saw them
+    counts = [int((seen == row).all(dim=1).sum()) for row in x]
+    if counts != [1] * batch and len({tuple(r.tolist()) for r in x}) == batch:
+        missing = [i for i, c in enumerate(counts) if c == 0]
+        twice = [i for i, c in enumerate(counts) if c > 1]
+        message = (f"the micro-batches do not hold every row of x once: rows {missing} of x are in none, "
+                   f"rows {twice} in more than one")
+        raise CheckFailure(f"Observed ({case}): {message}.", mistake="micro-batches miss rows")
+
+
+def _name_accumulation_mistake(grads: dict[str, torch.Tensor], fed: list[torch.Tensor],
+                               x: torch.Tensor, y: torch.Tensor, stale: dict[str, torch.Tensor],
+                               seed: int, k: int, case: str) -> None:
+    """Fit the learner's .grad as a mix of the micro-batches' gradients and the stale ones; name it."""
+    micro = []
+    for xs in fed:  # the targets of the rows the model saw
+        index = torch.stack([(x == row).all(dim=1).nonzero()[0, 0] for row in xs])
+        micro.append(_micro_grad(seed, xs, y[index]))
+    fit = fit_micro_weights(grads, micro, stale)
+    if fit is None:
+        return
+    observed, mistake = name_accumulation(fit[0], fit[1], x.size(0), k)
+    raise CheckFailure(f"Observed ({case}): {observed}. Likely mistake: {mistake}.", mistake=mistake)
 
 
 def _micro_grad(seed: int, x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -197,63 +203,58 @@ def check_average_gradients(fn: Callable[..., Any]) -> None:
         if any(r["course_lib"] for r in results):
             raise CheckFailure("Your function calls course_lib's average_gradients: write it yourself "
                                "with dist.all_reduce.")
-        model = _small_gpt(seed)
-        x, y = random_batches(1, batch, seed=seed)[0]
-        lm_loss(model(x), y).backward()
+        with one_thread():
+            model = _small_gpt(seed)
+            x, y = random_batches(1, batch, seed=seed)[0]
+            lm_loss(model(x), y).backward()
         expected = {n: p.grad for n, p in model.named_parameters()}
         for rank, r in enumerate(results):
-            grads = r["grads"]
-            if any(g is None for g in grads.values()):
+            if any(g is None for g in r["grads"].values()):
                 raise CheckFailure(f"Some .grad is None on rank {rank} after your function ({case}): "
                                    "change the gradients in place, do not remove them.")
+            if any(r["grads"][n].shape != expected[n].shape for n in expected):
+                raise CheckFailure(f"Some .grad changed its shape on rank {rank} after your function "
+                                   f"({case}): each p.grad must keep p's shape.")
             if r["moved"]:
                 raise CheckFailure(f"Your function changed the weights on rank {rank} ({case}); it "
                                    "should change only the gradients (p.grad), not p itself.")
-            if _close(grads, expected):
-                continue
-            total = {n: expected[n] * world for n in expected}
-            if _close(grads, total):
-                raise CheckFailure(
-                    f"Likely mistake ({case}): every gradient is {world} times the whole batch's, the "
-                    "SUM over the ranks. Each rank's loss is already a mean over its share, so the "
-                    "ranks' gradients must be averaged: divide the sum by the world size.")
-            for src in range(world):
-                if all(_close(x["grads"], results[src]["local"]) for x in results):
-                    message = (f"the gradients are broadcast from rank {src} (every rank gets rank {src}'s "
-                               "share's gradient), not averaged: all_reduce sums every rank's, then "
-                               "divide by the world size")
-                    raise CheckFailure(f"Observed ({case}): every rank's gradients equal rank {src}'s own "
-                                       f"share's gradients. Likely mistake: {message}.",
-                                       mistake="broadcast of the gradients")
-            if _close(grads, r["local"]):
-                raise CheckFailure(
-                    f"Likely mistake ({case}): rank {rank}'s gradients are still those of its own "
-                    "share of the batch: nothing was all-reduced into p.grad. (dist.all_reduce works "
-                    "in place on the tensor you give it: a copy, or p instead of p.grad, leaves "
-                    "p.grad unchanged.)")
-            n_params = len(expected)
-            if _close(grads, {n: expected[n] * world / n_params for n in expected}):
-                message = (f"the sum is divided by the number of parameters ({n_params}), not by the "
-                           f"number of ranks ({world}): divide by dist.get_world_size()")
-                raise CheckFailure(f"Observed ({case}): every gradient is {world}/{n_params} of the whole "
-                                   f"batch's. Likely mistake: {message}.", mistake=message)
-            for wrong_n in (2, 3, 4):
-                if wrong_n != world and _close(grads, {n: expected[n] * world / wrong_n for n in expected}):
-                    raise CheckFailure(
-                        f"Likely mistake ({case}): the sum is divided by {wrong_n} on {world} ranks: "
-                        "divide by dist.get_world_size().")
-            done = [n for n in expected if torch.allclose(grads[n], expected[n], rtol=0, atol=1e-12)]
-            if done:
-                missing = [n for n in expected if n not in done]
-                raise CheckFailure(
-                    f"Likely mistake ({case}): {len(done)} of {len(expected)} gradients are right, but "
-                    f"not {missing[:3]}{' ...' if len(missing) > 3 else ''}: average every parameter's "
-                    "gradient (model.parameters()).")
-            raise CheckFailure(f"Rank {rank}'s gradients differ from one process's on the whole batch "
-                               f"by up to {_max_diff(grads, expected):.3g} ({case}), and none of the "
-                               "usual mistakes explains it.")
+        if all(_close(r["grads"], expected) for r in results):
+            continue
+        _name_averaging_mistake(results, expected, world, case)
     print("check_average_gradients: on 2 and 3 ranks, every rank's gradients equal one process's on the "
           "whole batch (to 1e-12 in float64). Well done!")
+
+
+def _name_averaging_mistake(results: list, expected: dict[str, torch.Tensor], world: int,
+                            case: str) -> None:
+    """Every rank's gradients against what each likely mistake gives; always raises CheckFailure."""
+    for src in range(world):
+        if all(_close(x["grads"], results[src]["local"]) for x in results):
+            message = (f"the gradients are broadcast from rank {src} (every rank gets rank {src}'s "
+                       "share's gradient), not averaged: all_reduce sums every rank's, then "
+                       "divide by the world size")
+            raise CheckFailure(f"Observed ({case}): every rank's gradients equal rank {src}'s own "
+                               f"share's gradients. Likely mistake: {message}.",
+                               mistake="broadcast of the gradients")
+    locals_ = [r["local"] for r in results]
+    labels = [label_rank_gradients(r["grads"], locals_, rank) for rank, r in enumerate(results)]
+    named = name_averaging(labels, world, len(expected), {n: t.numel() for n, t in expected.items()})
+    if named is not None:
+        observed, mistake = named
+        raise CheckFailure(f"Observed ({case}): {observed}. Likely mistake: {mistake}.", mistake=mistake)
+    for rank, r in enumerate(results):
+        grads = r["grads"]
+        if _close(grads, expected):
+            continue
+        if _close(grads, r["local"]):
+            raise CheckFailure(
+                f"Likely mistake ({case}): rank {rank}'s gradients are still those of its own "
+                "share of the batch: nothing was all-reduced into p.grad. (dist.all_reduce works "
+                "in place on the tensor you give it: a copy, or p instead of p.grad, leaves "
+                "p.grad unchanged.)")
+        raise CheckFailure(f"Rank {rank}'s gradients differ from one process's on the whole batch "
+                           f"by up to {_max_diff(grads, expected):.3g} ({case}), and none of the "
+                           "usual mistakes explains it.")
 
 
 # --- 3. ZeRO-1's optimizer state (Predict) -------------------------------------------------------
@@ -267,35 +268,21 @@ def zero1_state_bytes(parameters: int, world_size: int, bytes_per_number: int = 
 def check_zero1_bytes(fn: Callable[[], Any]) -> None:
     """Check ``fn() -> int``: the bytes of AdamW's state per rank with ZeRO-1 on 2 ranks, for lesson
     09's GPT (217,344 float32 parameters)."""
-    got = run_learner(fn, case="your prediction", hint="Return one number of bytes.")
+    got = plain(run_learner(fn, case="your prediction", hint="Return one number of bytes."))
+    if isinstance(got, torch.Tensor) and got.numel() == 1 and not got.is_complex():
+        got = got.item()  # torch.tensor(869376)
     if isinstance(got, bool) or not isinstance(got, (int, float)) or not math.isfinite(got):
         raise CheckFailure(f"Return one number (bytes), got {got!r}.")
     n = LESSON_GPT_PARAMETERS
     right = zero1_state_bytes(n, 2)
-    if got == right:
+    if abs(got - right) < 1e-6 * right:  # 869376.0 too
         print(f"check_zero1_bytes: right, {right:,} bytes on each rank. AdamW keeps two float32 numbers "
               f"(exp_avg, exp_avg_sq) per weight: 8 bytes x {n:,} = {8 * n:,} on one process; ZeRO-1 "
               "keeps each rank's half.")
         return
-    named = [
-        (8 * n, "that is the whole state, on one process: with ZeRO-1 each of the 2 ranks keeps the "
-                "moments of its half of the weights only"),
-        (4 * n // 2, "AdamW keeps TWO numbers per weight (exp_avg and exp_avg_sq), not one"),
-        (n, "that is the number of parameters; the question asks for the bytes of AdamW's state"),
-        (n // 2, "that is half the number of parameters; count AdamW's numbers per weight, in bytes"),
-        (2 * n // 2, "that counts numbers, not bytes: a float32 takes 4 bytes"),
-        (16 * n // 2, "those are float64 bytes; the model trains in float32, 4 bytes a number"),
-        (12 * n // 2, "that adds the weights themselves: ZeRO-1 splits only the optimizer's state "
-                      "(every rank still holds every weight), and the question asks for the state"),
-        (16 * n, "that is weights + gradients + both moments on one process"),
-    ]
-    for unit, name in ((1000, "kB"), (1024, "KiB"), (1e6, "MB"), (2**20, "MiB")):
-        if abs(got - right / unit) <= 0.01 * right / unit:
-            raise CheckFailure(f"Observed: {got:,g}, which is the answer in {name} ({right:,} bytes / "
-                               f"{unit:,g}): the question asks for plain bytes.", mistake=f"answer in {name}")
-    for value, reason in named:
-        if got == value:
-            raise CheckFailure(f"Not quite: {got:,} bytes. Hint: {reason}.", mistake=reason)
+    message = name_zero1_bytes(got, n, 2)
+    if message:
+        raise CheckFailure(message, mistake=message.split("Likely mistake: ")[-1][:80])
     raise CheckFailure(f"Not quite: {got:,} bytes. Count AdamW's numbers per weight, the bytes per "
                        f"float32, and which share of the {n:,} weights one of 2 ranks keeps.")
 
@@ -350,7 +337,17 @@ def _weights_averaged_replica(batches: list) -> dict[str, torch.Tensor]:
     return {n: p.detach().clone() for n, p in models[0].named_parameters()}
 
 
-def _name_replica_mistake(results: list, batches: list) -> None:
+def _initial_replicas(fn: Callable[..., Any]) -> list | None:
+    """Both ranks' weights when the function gets no batches (its starting point), or None if that
+    does not run."""
+    try:
+        with time_limit(25.0, "stopped"):
+            return run_on_ranks(_replica_case, 2, (fn, []), timeout=15.0)
+    except Exception:  # noqa: BLE001 - only a clue: a function that needs batches gives none
+        return None
+
+
+def _name_replica_mistake(results: list, batches: list, fn: Callable[..., Any]) -> None:
     """Name a known wrong fix of the Debug exercise: what is observed, then the mistake it matches
     (never the fix)."""
     agree = _max_diff(results[0], results[1]) <= 1e-10
@@ -361,6 +358,14 @@ def _name_replica_mistake(results: list, batches: list) -> None:
                 "Observed: after 3 steps, rank 0's and rank 1's weights differ; each rank's weights equal "
                 "one process trained from seed 1337 on that rank's share of each batch only. Likely "
                 "mistake: the ranks' gradients are not averaged.", mistake="no averaging")
+        start = _initial_replicas(fn)
+        if start is not None and _max_diff(start[0], start[1]) > 1e-10:
+            raise CheckFailure(
+                f"Observed: after 3 steps, rank 0's and rank 1's weights differ by up to "
+                f"{_max_diff(results[0], results[1]):.3g}; they differ before the first step already: "
+                f"given no batches, the function returns weights that differ by up to "
+                f"{_max_diff(start[0], start[1]):.3g} on the two ranks. Data parallel needs every rank "
+                "to hold the same model at every step.", mistake="replicas start apart")
         return
     candidates = [
         (lambda: _one_process_replica(batches, seed=1338),
@@ -375,6 +380,30 @@ def _name_replica_mistake(results: list, batches: list) -> None:
         (lambda: _one_process_replica(batches, share=1),
          "they equal one process trained on the second half of each batch only",
          "every rank trains on the same share"),
+        (lambda: replica_runs(batches, seeds=(1337, 1337), combine="sum")[0],
+         "they equal one process whose gradient at every step is the SUM of the two ranks' share "
+         "gradients, twice their average", "the ranks' gradients are summed, not averaged"),
+        (lambda: replica_runs(batches, seeds=(1337, 1337), shares="time")[0],
+         "they equal two replicas whose shares are the first and the second half of the time steps "
+         "(x.chunk(2, dim=1)), all the rows each", "each rank's share is half of the time steps "
+         "(dim 1) of every row"),
+        (lambda: replica_runs([batches[0]] * len(batches), seeds=(1337, 1337))[0],
+         "they equal one process trained on the FIRST batch at every step",
+         "every step trains on the shares of the first batch"),
+        (lambda: replica_runs(batches)[0],
+         "they equal rank 0's weights of the function as it was given (replicas drawn from seeds "
+         "1337 and 1338, the gradients averaged at every step): the ranks trained apart, and rank "
+         "0's weights were copied to both after training", "rank 0's weights are copied to rank 1 "
+         "after training, when the replicas have trained apart"),
+        (lambda: replica_runs(batches)[1],
+         "they equal rank 1's weights of the function as it was given (replicas drawn from seeds "
+         "1337 and 1338, the gradients averaged at every step): the ranks trained apart, and rank "
+         "1's weights were copied to both after training", "rank 1's weights are copied to rank 0 "
+         "after training, when the replicas have trained apart"),
+        (lambda: replica_runs(batches, copy_after_step=0)[0],
+         "they equal two replicas drawn from seeds 1337 and 1338 whose weights are set to rank 0's "
+         "after every step", "rank 0's weights are copied to rank 1 after each step, from replicas "
+         "that took their first step apart"),
         (lambda: _weights_averaged_replica(batches),
          "they equal two replicas seeded 1337 and 1338 whose weights are averaged after each step",
          "the weights are averaged after each step, from replicas that started apart"),
@@ -384,6 +413,26 @@ def _name_replica_mistake(results: list, batches: list) -> None:
             raise CheckFailure(f"Observed: both ranks agree, but their weights differ from one process "
                                f"trained on the whole batches from torch.manual_seed(1337): {what}. "
                                f"Likely mistake: {mistake}.", mistake=mistake)
+    observed = (f"Observed: both ranks agree, but their weights differ from one process trained on the "
+                f"whole batches from torch.manual_seed(1337) by up to "
+                f"{_max_diff(results[0], _one_process_replica(batches)):.3g}")
+    start = _initial_replicas(fn)
+    initial = _one_process_replica([])
+    if start is not None and _max_diff(start[0], start[1]) <= 1e-10 and _max_diff(start[0], initial) > 1e-10:
+        raise CheckFailure(f"{observed}; given no batches, both ranks return the same weights, but not "
+                           "those of torch.manual_seed(1337)'s model: they start from other weights.",
+                           mistake="replicas start from other weights")
+    try:
+        with time_limit(25.0, "stopped"):
+            first = run_on_ranks(_replica_case, 2, (fn, batches[:1]), timeout=15.0)
+    except Exception:  # noqa: BLE001 - only a clue
+        return
+    if _max_diff(first[0], _one_process_replica(batches[:1])) <= 1e-10:
+        raise CheckFailure(f"{observed}; given only the first batch, they equal one process's weights "
+                           "after that step: the first step is right, a later one is not.",
+                           mistake="later steps differ")
+    raise CheckFailure(f"{observed}; given only the first batch, they differ already after that step: "
+                       "the first step differs from one process's.", mistake="first step differs")
 
 
 @checker
@@ -392,13 +441,15 @@ def check_seeded_replicas(fn: Callable[..., Any]) -> None:
     ranks end with the weights of one process trained on the whole batches (seed 1337), 1e-10."""
     batches = random_batches(3, 8, seed=5)
     results = _on_ranks(_replica_case, 2, (fn, batches), "2 ranks, 3 steps")
-    expected = _one_process_replica(batches)
+    with one_thread():
+        expected = _one_process_replica(batches)
     if not all(set(r) == set(expected) for r in results):
         raise CheckFailure("Return the model's weights as {name: tensor} (model.named_parameters()), as "
                            "the function did.")
     apart = _max_diff(results[0], results[1])
     if apart > 1e-10 or _max_diff(results[0], expected) > 1e-10:
-        _name_replica_mistake(results, batches)
+        with one_thread():
+            _name_replica_mistake(results, batches, fn)
     if apart > 1e-10:
         raise CheckFailure(
             f"Observed: after 3 steps, rank 0's and rank 1's weights differ by up to {apart:.3g}. "
@@ -413,52 +464,27 @@ def check_seeded_replicas(fn: Callable[..., Any]) -> None:
 
 # --- 5. ★★★ tensor parallel: Megatron's MLP -----------------------------------------------------
 
-_COLLECTIVES = ("all_reduce", "all_gather", "broadcast", "reduce_scatter", "all_to_all", "reduce",
-                "all_gather_into_tensor", "reduce_scatter_tensor")
-
-
 def _mlp_case(rank: int, world_size: int, cls: Callable[..., Any], d_model: int, d_ff: int,
               activation: str, seed: int) -> dict[str, Any]:
     """One rank: the learner's module from a dense FeedForward; forward and backward counted."""
-    import torch.distributed.distributed_c10d as c10d
-
-    torch.manual_seed(seed)
-    dense = FeedForward(d_model, d_ff, dropout=0.0, activation=activation).double()
-    with torch.no_grad():
-        for p in dense.parameters():
-            p.normal_(0, 0.5)
+    dense = _random_dense(d_model, d_ff, activation, seed)
     x = torch.randn(2, 5, d_model, dtype=torch.float64)
     counts: dict[str, int] = {}
     phase = ["build"]
-    originals = {name: getattr(dist, name) for name in _COLLECTIVES if hasattr(dist, name)}
-
-    def counted(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            key = f"{phase[0]}:{name}"
-            counts[key] = counts.get(key, 0) + 1
-            return original(*args, **kwargs)
-        return wrapper
-
-    for name, original in originals.items():
-        setattr(dist, name, counted(name, original))
-        setattr(c10d, name, getattr(dist, name))
     refs = [ParallelMLP.__init__, ParallelMLP.forward, ColumnParallelLinear.__init__,
             ColumnParallelLinear.forward, RowParallelLinear.__init__, RowParallelLinear.forward,
             CopyToParallel.forward, CopyToParallel.backward, ReduceFromParallel.forward,
             ReduceFromParallel.backward]
-    try:
-        with calls_to(refs) as seen:
-            module = cls(dense, rank, world_size)
-            phase[0] = "forward"
-            xs = x.clone().requires_grad_(True)
-            out = module(xs)
-            phase[0] = "backward"
+    with calls_to(refs) as seen, watch_mlp_calls(cls, counts, phase):
+        module = cls(dense, rank, world_size)
+        phase[0] = "forward"
+        xs = x.clone().requires_grad_(True)
+        out = module(xs)
+        phase[0] = "backward"
+        if isinstance(out, torch.Tensor) and out.requires_grad and out.shape == x.shape:
             g = torch.randn(out.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(7))
-            out.backward(g) if isinstance(out, torch.Tensor) and out.requires_grad else None
-    finally:
-        for name, original in originals.items():
-            setattr(dist, name, original)
-            setattr(c10d, name, original)
+            # out's gradient is exactly g; out.backward(g) would import sympy (seconds a rank)
+            (out * g).sum().backward()
     params = [(n, p.detach().clone(), None if p.grad is None else p.grad.clone())
               for n, p in module.named_parameters()] if isinstance(module, nn.Module) else []
     shared = []  # (parameter, dense parameter) pairs that are the same object or share memory
@@ -483,18 +509,23 @@ def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
         return a.data_ptr() == b.data_ptr()
 
 
-def _dense_reference(d_model: int, d_ff: int, activation: str, seed: int, world: int) -> dict[str, Any]:
+def _random_dense(d_model: int, d_ff: int, activation: str, seed: int) -> FeedForward:
     torch.manual_seed(seed)
     dense = FeedForward(d_model, d_ff, dropout=0.0, activation=activation).double()
     with torch.no_grad():
         for p in dense.parameters():
             p.normal_(0, 0.5)
+    return dense
+
+
+def _dense_reference(d_model: int, d_ff: int, activation: str, seed: int, world: int) -> dict[str, Any]:
+    dense = _random_dense(d_model, d_ff, activation, seed)
     x = torch.randn(2, 5, d_model, dtype=torch.float64).requires_grad_(True)
     out = dense(x)
     g = torch.randn(out.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(7))
     out.backward(g)
     w1, b1, w2, b2 = dense.linear1.weight, dense.linear1.bias, dense.linear2.weight, dense.linear2.bias
-    partial_out, partial_grad = [], []
+    partial_out, partial_grad, swapped = [], [], []
     for r in range(world):  # what each rank's half alone gives (no communication)
         w1r, b1r, w2r = w1.detach().chunk(world, 0)[r], b1.detach().chunk(world)[r], w2.detach().chunk(world, 1)[r]
         xr = x.detach().clone().requires_grad_(True)
@@ -502,6 +533,8 @@ def _dense_reference(d_model: int, d_ff: int, activation: str, seed: int, world:
         o.backward(g)
         partial_out.append(o.detach())
         partial_grad.append(xr.grad)
+        with torch.no_grad():  # f and g swapped: x summed over the ranks, the partial outputs not
+            swapped.append(dense.activation(world * x @ w1r.T + b1r) @ w2r.T)
     shards = []  # (value, gradient) of every piece a rank should hold: [rank][piece]
     for r in range(world):
         shards.append([(w1.detach().chunk(world, 0)[r], w1.grad.chunk(world, 0)[r], "linear1's weight rows"),
@@ -512,9 +545,9 @@ def _dense_reference(d_model: int, d_ff: int, activation: str, seed: int, world:
         others = {name: dense.linear2(fn(dense.linear1(x))) for name, fn in
                   (("GELU", torch.nn.functional.gelu), ("ReLU", torch.relu),
                    ("GELU (tanh)", lambda t: torch.nn.functional.gelu(t, approximate="tanh")))}
-    return {"out": out.detach(), "x_grad": x.grad, "b2": b2.detach(), "partial_out": partial_out,
+    return {"out": out.detach(), "x_grad": x.grad, "b2": b2.detach(), "b1": b1.detach(), "partial_out": partial_out,
             "other_activations": others, "w1": w1.detach(), "w2": w2.detach(), "activation": activation,
-            "partial_grad": partial_grad, "shards": shards,
+            "partial_grad": partial_grad, "shards": shards, "swapped": swapped,
             "dense_numel": sum(p.numel() for p in dense.parameters())}
 
 
@@ -533,73 +566,96 @@ def check_parallel_mlp(cls: Callable[..., Any]) -> None:
     cases = [("2 ranks, d_model 8, d_ff 12, GELU", 2, 8, 12, "gelu", 0),
              ("2 ranks, d_model 6, d_ff 16, ReLU", 2, 6, 16, "relu", 1)]
     for case, world, d_model, d_ff, activation, seed in cases:
-        results = _on_ranks(_mlp_case, world, (cls, d_model, d_ff, activation, seed), case)
+        try:
+            results = _on_ranks(_mlp_case, world, (cls, d_model, d_ff, activation, seed), case)
+        except CheckFailure as err:  # a crash: the shards built here may say why
+            why = _layout_after_crash(cls, d_model, d_ff, activation, seed, world, case)
+            raise CheckFailure(f"{err} {why}".strip()) from None
         ref = _dense_reference(d_model, d_ff, activation, seed, world)
-        ref["results"] = results  # every rank's shards, to name overlapping ones
         for rank, r in enumerate(results):
             if r["course_lib"]:
                 raise CheckFailure("Your class uses course_lib's ParallelMLP, ColumnParallelLinear, "
-                                   "RowParallelLinear or f/g: write your own (torch.autograd.Function "
-                                   "and dist.all_reduce are the building blocks).")
+                                   "RowParallelLinear, CopyToParallel or ReduceFromParallel: write your "
+                                   "own (your f and g, torch.autograd.Functions with dist.all_reduce, "
+                                   "are welcome).")
             if not r["is_module"]:
                 raise CheckFailure("Make it an nn.Module (class ...(nn.Module), super().__init__()), "
                                    "holding this rank's shares as nn.Parameters.")
+        dense = {k: ref[k] for k in ("w1", "b1", "w2", "b2")}
+        layouts = [mlp_layout([(n, v) for n, v, _ in r["params"]], dense, world) for r in results]
+        message = name_mlp_layout(layouts, dense, world, [r["counts"] for r in results], case)
+        if message:
+            raise CheckFailure(message, mistake=message.split("Likely mistake: ")[-1][:80])
+        for rank, r in enumerate(results):
             _check_mlp_rank(r, ref, rank, world, case)
     print(f"check_parallel_mlp: all {len(cases)} cases equal the dense FeedForward on every rank, forward "
           "and backward, with half of each matrix per rank and one all-reduce each way. Well done!")
 
 
-def _rows_held(t: torch.Tensor, full: torch.Tensor) -> tuple[int, int] | None:
-    """(first, last + 1) if ``t`` equals a run of consecutive rows of ``full``, else None."""
-    n = t.size(0)
-    if t.dim() != 2 or t.size(1) != full.size(1) or n > full.size(0):
-        return None
-    for start in range(full.size(0) - n + 1):
-        if torch.equal(t, full[start:start + n]):
-            return start, start + n
+def _layout_after_crash(cls: Callable[..., Any], d_model: int, d_ff: int, activation: str, seed: int,
+                        world: int, case: str) -> str:
+    """After a crash on the ranks: the learner's shards built here, one per rank, named if wrong."""
+    dense = _random_dense(d_model, d_ff, activation, seed)
+    pieces = {"w1": dense.linear1.weight.detach(), "b1": dense.linear1.bias.detach(),
+              "w2": dense.linear2.weight.detach(), "b2": dense.linear2.bias.detach()}
+    try:
+        with time_limit(10, "building your module took more than 10 s"):
+            modules = [cls(dense, rank, world) for rank in range(world)]
+            layouts = [mlp_layout([(n, p.detach()) for n, p in m.named_parameters()], pieces, world)
+                       for m in modules]
+    except Exception:  # noqa: BLE001 (it may need the process group: then nothing more to say)
+        return ""
+    return name_mlp_layout(layouts, pieces, world, [{} for _ in range(world)], case) or ""
+
+
+def _grad_of(r: dict[str, Any], value: torch.Tensor) -> torch.Tensor | None:
+    """The gradient of the learner's parameter that holds ``value`` (or its transpose), as ``value``."""
+    for _, v, g in r["params"]:
+        if g is not None and v.shape == value.shape and torch.equal(v, value):
+            return g
+        if g is not None and v.dim() == 2 and v.T.shape == value.shape and torch.equal(v.T, value):
+            return g.T
     return None
-
-
-def _name_overlapping_shards(r: dict[str, Any], ref: dict[str, Any], rank: int, world: int, where: str) -> None:
-    """Name shards that are the wrong rows of linear1 (overlapping, or another rank's), on any rank."""
-    d_ff = ref["w1"].size(0)
-    size = math.ceil(d_ff / world)
-    for other_rank, other in enumerate(ref.get("results", [r])):
-        if other is not r and other_rank != rank:
-            there = where.replace(f"rank {rank})", f"rank {other_rank})")
-            _name_overlapping_on(other, ref, other_rank, there, d_ff, size)
-    _name_overlapping_on(r, ref, rank, where, d_ff, size)
-
-
-def _name_overlapping_on(r: dict[str, Any], ref: dict[str, Any], rank: int, where: str, d_ff: int,
-                         size: int) -> None:
-    right = (rank * size, min((rank + 1) * size, d_ff))
-    for name, value, _ in r["params"]:
-        for full, what, t in ((ref["w1"], "linear1's weight rows", value),
-                              (ref["w2"].T, "linear2's weight columns", value.T if value.dim() == 2 else value)):
-            held = _rows_held(t, full) if t.dim() == 2 else None
-            if held and held != right:
-                message = (f"rank {rank}'s {what} are {held[0]}..{held[1] - 1}, not its own chunk "
-                           f"{right[0]}..{right[1] - 1}: the ranks' shards overlap or repeat, so some "
-                           "hidden features are counted twice and others never")
-                raise CheckFailure(f"Observed {where}: your {name} holds {what} {held[0]}..{held[1] - 1} "
-                                   f"of the dense layer's {d_ff}. Likely mistake: {message}. Rank r keeps "
-                                   f"chunk r: {what} r*{size} .. (r+1)*{size} - 1.",
-                                   mistake="overlapping shards")
 
 
 def _check_mlp_rank(r: dict[str, Any], ref: dict[str, Any], rank: int, world: int, case: str) -> None:
     out, b2 = r["out"], ref["b2"]
     where = f"({case}, rank {rank})"
+    counts = r["counts"]
+    others = sorted(k for k in counts if k.split(":")[1] != "all_reduce" and not k.startswith("build"))
+    dropout = [k for k in others if "dropout" in k]
+    if dropout:
+        raise CheckFailure(f"Observed {where}: your module calls dropout in training mode ({dropout[0]}). "
+                           "Likely mistake: dropout in the parallel MLP: the dense layer's dropout is 0 "
+                           "here, and the output must be dense(x) exactly; use dense.dropout, or none.",
+                           mistake="dropout")
+    if others:
+        raise CheckFailure(f"Observed {where}: your module calls {', '.join(others)} (phase:collective). "
+                           "Only all_reduce is allowed, once in forward and once in backward: no rank "
+                           "gathers or broadcasts the activations; g sums the ranks' partial outputs.",
+                           mistake="a collective other than all_reduce")
     if not isinstance(out, torch.Tensor) or out.shape != ref["out"].shape:
         shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
         raise CheckFailure(f"forward returns {shape}, expected the dense output's shape "
                            f"{tuple(ref['out'].shape)} on every rank {where}.")
     if not _near(out, ref["out"]):
         partial = ref["partial_out"][rank]
-        if _near(out, ref["out"] + (world - 1) * b2):
+        c = name_scale(out.double() - ref["out"], b2.expand_as(out))
+        if c is not None and abs(c + 1 - world) < 1e-9:
             raise CheckFailure(f"Likely mistake {where}: linear2's bias is added on every rank before "
                                f"the all-reduce, so the sum holds it {world} times: add it once, after.")
+        if c is not None:
+            why = {0.0: "it is missing from the output", 1 / world: f"it is divided by {world}"}
+            told = next((w for k, w in why.items() if abs(1 + c - k) < 1e-9), f"it counts {1 + c:g} times")
+            raise CheckFailure(f"Observed {where}: the output is the dense one except for linear2's bias: "
+                               f"{told}. Likely mistake: linear2's bias must count once: every rank "
+                               "adds the whole bias once, after the all-reduce.", mistake="linear2's bias")
+        swapped = ref["swapped"][rank]
+        if _near(out, swapped + b2) or _near(out, swapped):
+            raise CheckFailure(f"Observed {where}: the output is this rank's partial output computed from "
+                               f"{world}·x (x summed over the ranks). Likely mistake: f and g are swapped: "
+                               "f (identity forward) goes on x before linear1, g (the all-reduce in "
+                               "forward) on linear2's partial output.", mistake="f and g swapped")
         if _near(out, partial + b2) or _near(out, partial):
             raise CheckFailure(f"Likely mistake {where}: the output is this rank's partial sum only; "
                                "the ranks' partial products of linear2 must be added up (all-reduce) "
@@ -611,7 +667,6 @@ def _check_mlp_rank(r: dict[str, Any], ref: dict[str, Any], rank: int, world: in
                 raise CheckFailure(f"Observed {where}: the output equals the dense layer's with {name} in "
                                    f"place of its {ref['activation']}. Likely mistake: {message}.",
                                    mistake="hard-coded activation")
-        _name_overlapping_shards(r, ref, rank, world, where)
         raise CheckFailure(f"The output differs from the dense FeedForward's by up to "
                            f"{(out.double() - ref['out']).abs().max().item():.3g} {where}. Each rank: "
                            "its rows of linear1 (with their bias), the activation, its columns of linear2.")
@@ -619,20 +674,35 @@ def _check_mlp_rank(r: dict[str, Any], ref: dict[str, Any], rank: int, world: in
         raise CheckFailure(f"x.grad is None after backward {where}: the output must depend on x "
                            "through autograd (an autograd Function's forward returns a new tensor).")
     if not _near(r["x_grad"], ref["x_grad"]):
-        partial = ref["partial_grad"][rank]
+        partial, w2r = ref["partial_grad"][rank], ref["shards"][rank][2][0]
+        c = name_scale(r["x_grad"], ref["x_grad"])
         if _near(r["x_grad"], partial):
             raise CheckFailure(
                 f"Likely mistake {where}: the forward is right but x's gradient is this rank's part "
                 "only: each rank's linear1 used the same x, so the ranks' gradients for x must be "
                 "summed in backward (the all-reduce of Megatron's f). dist.all_reduce in a forward is "
                 "invisible to autograd.")
-        if _near(r["x_grad"], world * ref["x_grad"]):
+        w2_scale = name_scale(_grad_of(r, w2r), ref["shards"][rank][2][1])
+        if c is not None and abs(c - 1 / world) < 1e-9 and w2_scale is not None and abs(w2_scale - c) < 1e-9:
+            raise CheckFailure(
+                f"Observed {where}: the forward is right, but x's gradient and linear2's weight gradient "
+                f"are 1/{world} of the dense ones. Likely mistake: g's backward divides by {world}; g's "
+                "backward is the identity (every rank already holds the whole output gradient).",
+                mistake="g's backward averages")
+        if c is not None and abs(c - world) < 1e-9:
             raise CheckFailure(
                 f"Likely mistake {where}: x's gradient is {world} times too large: it is summed over "
                 "the ranks twice. The all-reduce of the forward (g) passes the gradient through "
                 "unchanged in backward (every rank's part counts once in the sum).")
+        if c is not None and abs(c - 1 / world) < 1e-9:
+            raise CheckFailure(
+                f"Observed {where}: the forward is right, but x's gradient is 1/{world} of the dense "
+                f"one. Likely mistake: f's backward averages (divides the sum by {world}), as data "
+                "parallel does; here the ranks' linear1 compute different hidden features from the same "
+                "x, so x's gradient is the plain SUM of the ranks' parts.", mistake="f's backward averages")
+        scale = f" ({c:.4g} times the dense one)" if c is not None else ""
         raise CheckFailure(f"x's gradient differs from the dense one by up to "
-                           f"{(r['x_grad'] - ref['x_grad']).abs().max().item():.3g} {where}.")
+                           f"{(r['x_grad'] - ref['x_grad']).abs().max().item():.3g}{scale} {where}.")
     shards = ref["shards"][rank]
     held = sum(v.numel() for v, _, _ in shards)
     numel = sum(v.numel() for _, v, _ in r["params"])
@@ -659,18 +729,23 @@ def _check_mlp_rank(r: dict[str, Any], ref: dict[str, Any], rank: int, world: in
                                "keeps chunk r of linear1's rows (and bias) and chunk r of linear2's "
                                "columns, cloned from the dense layer.")
         name, g = match[0]
-        if g is None or not _near(g, grad):
+        if g is None:
+            raise CheckFailure(f"Observed {where}: your {name} ({what}) has no gradient after backward: "
+                               "it is not used in this rank's forward (every rank uses all its shards).")
+        if not _near(g, grad):
+            c = name_scale(g, grad)
+            if c is not None and what == "linear2's bias" and abs(c - 1 / world) < 1e-9:
+                raise CheckFailure(
+                    f"Observed {where}: the output is right, but the gradient of {name} (linear2's bias) "
+                    f"is 1/{world} of the dense one. Likely mistake: the bias is divided by {world} and "
+                    f"added on every rank before the all-reduce; then each rank's copy gets only "
+                    f"1/{world} of its gradient. Add the whole bias once, after the all-reduce.",
+                    mistake="linear2's bias divided before the all-reduce")
+            scale = f" ({c:.4g} times it)" if c is not None else ""
             raise CheckFailure(f"The gradient of {name} ({what}) differs from the matching slice of the "
-                               f"dense gradient {where}.")
-    counts = r["counts"]
-    build = sorted(k for k in counts if k.startswith("build:"))
+                               f"dense gradient{scale} {where}.")
     fwd, bwd = counts.get("forward:all_reduce", 0), counts.get("backward:all_reduce", 0)
-    others = sorted(k for k in counts if k.split(":")[1] != "all_reduce" and not k.startswith("build"))
-    if others:
-        raise CheckFailure(f"Your module calls {others} {where}: Megatron's MLP needs only one "
-                           "all-reduce each way; no rank should gather the whole activation.")
     if (fwd, bwd) != (1, 1) and counts:
         raise CheckFailure(f"Your module calls all_reduce {fwd} time(s) in forward and {bwd} in backward "
                            f"{where}; the constraint is one each way (linear1's all-reduce waits until "
                            "backward; linear2's partial sums are reduced once).")
-    del build

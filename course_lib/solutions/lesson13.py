@@ -87,3 +87,54 @@ def locate(block_table, position, block_size):
     """The physical block and the slot in it that hold a sequence's token at ``position``."""
     logical, slot = divmod(position, block_size)  # which of the sequence's blocks, and where in it
     return block_table[logical], slot
+
+
+# %% solution 13.flash_backward_tile
+def my_backward_tile(q_i, k_j, v_j, d_out_i, lse_i, D_i, scale, i0=0, j0=0, is_causal=False):
+    """One query tile and one key tile -> (dq_i, dk_j, dv_j), what this tile adds to each."""
+    s = q_i @ k_j.T * scale  # (Bq, Bk): this tile's scores, as in the forward pass
+    if is_causal:  # query i0 + r sees key j0 + c only if j0 + c <= i0 + r (absolute positions)
+        rows = torch.arange(i0, i0 + q_i.size(0))[:, None]
+        cols = torch.arange(j0, j0 + k_j.size(0))[None, :]
+        s = s.masked_fill(cols > rows, float("-inf"))
+    p = torch.exp(s - lse_i[:, None])  # the softmax's probabilities: L holds each row's max and sum
+    dv_j = p.T @ d_out_i  # (Bk, d_v): O = P V, so dV = P^T dO
+    dp = d_out_i @ v_j.T  # (Bq, Bk): and dP = dO V^T
+    ds = p * (dp - D_i[:, None])  # the softmax's backward; D_i = rowsum(P * dP) over the whole row
+    dq_i = ds @ k_j * scale  # (Bq, d): S = Q K^T * scale
+    dk_j = ds.T @ q_i * scale  # (Bk, d)
+    return dq_i, dk_j, dv_j
+
+
+# %% solution 13.io_ratio
+def predicted_io_ratio():
+    # Numbers moved between slow and fast memory by one head's forward pass, L = 16k, d = 64.
+    L, d, block = 16 * 1024, 64, 256
+    # Standard attention: read Q and K, write S (L x L); read S, write P; read P and V, write O.
+    standard = (2 * L * d + L * L) + (L * L + L * L) + (L * L + L * d + L * d)
+    # FlashAttention-2: read Q once, all of K and V once per query tile (L / block of them),
+    # write O and the log-sum-exp (one number per query). S and P stay in fast memory.
+    flash = L * d + (L // block) * 2 * L * d + L * d + L
+    return standard / flash  # the bytes per number (4 in float32) cancel: about 7.9
+
+
+# %% solution 13.paged_attention
+def my_paged_attention(q, k_blocks, v_blocks, block_table, length):
+    """One query per head against a sequence's pages, one block (one tile) at a time."""
+    num_heads, head_dim = q.shape
+    num_kv_heads, block_size = k_blocks.size(1), k_blocks.size(2)
+    group = num_heads // num_kv_heads  # query heads per KV head
+    scale = 1.0 / math.sqrt(head_dim)
+    m = torch.full((num_heads,), float("-inf"), dtype=q.dtype)  # the state of no key at all
+    ell = torch.zeros(num_heads, dtype=q.dtype)
+    o = torch.zeros(num_heads, head_dim, dtype=q.dtype)
+    for logical in range(math.ceil(length / block_size)):
+        physical = block_table[logical]  # where the block table says this block lives
+        filled = min(block_size, length - logical * block_size)  # the last block may be partly full
+        k = k_blocks[physical, :, :filled].repeat_interleave(group, dim=0)  # (num_heads, filled, d)
+        v = v_blocks[physical, :, :filled].repeat_interleave(group, dim=0)
+        s = (k @ q.unsqueeze(-1)).squeeze(-1) * scale  # (num_heads, filled): this tile's scores
+        m_tile = s.amax(dim=-1)
+        p = torch.exp(s - m_tile.unsqueeze(-1))
+        m, ell, o = merge_states(m, ell, o, m_tile, p.sum(dim=-1), (p.unsqueeze(-1) * v).sum(dim=1))
+    return o / ell.unsqueeze(-1)

@@ -24,8 +24,13 @@ One module per lesson and concept, ``lessonNN_<concept>.py`` (its docstring list
 * 12 ``lesson12_inside`` (the induction score, the ablation prediction; what the others share),
   ``lesson12_hooks`` (ablation and patching hooks), ``lesson12_circuits`` (the patching table, the OV
   circuit)
-* 13 ``lesson13_scale``
-* 14 ``lesson14_distributed``
+* 13 ``lesson13_scale`` (its usual mistakes as code in ``lesson13_scale_mistakes``), ``lesson13_flash_backward``
+  (the backward tile, the IO bytes), ``lesson13_paged`` (the paged cache read page by page)
+* 14 ``lesson14_distributed`` (accumulation, averaging, the seeds Debug, Megatron's MLP; what their likely
+  mistakes give in ``lesson14_mistakes``; ZeRO-1's bytes and Megatron's MLP in
+  ``lesson14_megatron_mistakes``), ``lesson14_ddp``
+  (the DDP container), ``lesson14_zero`` (the sharded optimizer, ZeRO's bytes), ``lesson14_autograd``
+  (Megatron's f and g)
 
 ``common`` is what they share: the ``checker`` decorator, ``compare`` and its named mistakes, and the
 one guard against handing in course_lib's own code (``is_course_lib``, ``course_lib_used``).
@@ -65,4 +70,9 @@ from .lesson12_inside import *  # noqa: F403
 from .lesson12_hooks import *  # noqa: F403
 from .lesson12_circuits import *  # noqa: F403
 from .lesson13_scale import *  # noqa: F403
+from .lesson13_flash_backward import *  # noqa: F403
+from .lesson13_paged import *  # noqa: F403
 from .lesson14_distributed import *  # noqa: F403
+from .lesson14_zero import *  # noqa: F403
+from .lesson14_ddp import *  # noqa: F403
+from .lesson14_autograd import *  # noqa: F403

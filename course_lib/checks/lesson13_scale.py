@@ -4,15 +4,21 @@
   small (12 heads) at L = 32,768 in float32, one sequence (a "predict, then run" question).
 * ``check_merge_states(fn)``: ``fn(m_a, ell_a, o_a, m_b, ell_b, o_b) -> (m, ell, o)``, the merge of
   two partial softmax states. Reference: course_lib's ``merge_softmax_states`` and the softmax;
-  also an empty state and scores up to 1000 (absolute exponentials overflow there).
+  also an empty state, scores up to 1000 (absolute exponentials overflow there) and two maxima ~1000
+  apart (a factor measured from the smaller maximum overflows there).
 * ``check_flash_fix(fn)``: ``fn(q (L_q, d), k (L_k, d), v (L_k, d_v), block_k=16) -> (L_q, d_v)``,
   the repaired one-head tiled attention of the Debug exercise. Reference: PyTorch's SDPA; the last
-  case is float32 with scores of 100 to 1000 (exp without the running maximum overflows).
+  two cases are float32, with scores of 100 to 1000 (exp without the running maximum overflows), and
+  with a middle block about 100 above the others (a loop measured from the first block's maximum, or
+  from each block's own, overflows).
 * ``check_flash_forward(fn)``: ``fn(q, k, v, is_causal=False, block_q=32, block_k=32) -> (out, lse)``,
   the learner's FlashAttention forward (★★★). Reference: SDPA and ``torch.logsumexp`` of the
   scores; also checked: no tensor larger than a tile or the inputs, and causal tiles skipped (no
   tile computed that is masked whole).
 * ``check_locate(fn)``: ``fn(block_table, position, block_size) -> (physical block, slot)``.
+
+The usual mistakes, as code, live in ``lesson13_scale_mistakes``: each checker computes what every
+candidate mistake returns on the same inputs and names the one that matches.
 
 Every checker compares in float64, runs the learner's code under a time limit on one thread, and
 turns any raw error into a message (the conventions of ``common``).
@@ -33,6 +39,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from .. import flash, paged
 from .common import CheckFailure, calls_to, checker, is_course_lib, one_thread, time_limit
+from .lesson13_scale_mistakes import (FIX_MISTAKES, FORWARD_MISTAKES, LOCATE_MISTAKES, SCORE_MISCOUNTS,
+                                      PARTIAL_TILE, broadcast_hint, merge_variants, one_head_loop,
+                                      partial_tile_message, ref_forward, tiled_forward_variant)
 
 __all__ = ["check_score_bytes", "check_merge_states", "check_flash_fix", "check_flash_forward",
            "check_locate", "score_bytes_answer"]
@@ -58,8 +67,10 @@ def _guarded(body: Callable[..., None]) -> Callable[..., None]:
     return run
 
 
-def _call(fn: Callable[..., Any], *args: Any, case: str, hint: str = "", **kwargs: Any) -> Any:
-    """``fn(*args)`` under the time limit; a crash becomes a ``CheckFailure`` naming the case."""
+def _call(fn: Callable[..., Any], *args: Any, case: str, hint: str = "",
+          rows: tuple[int, int, str] | None = None, **kwargs: Any) -> Any:
+    """``fn(*args)`` under the time limit; a crash becomes a ``CheckFailure`` naming the case (with
+    ``rows = (rows, cols, what)``, a broadcasting error of a per-row factor is named as such)."""
     try:
         with time_limit(TIME_LIMIT, f"Your code ran for more than {TIME_LIMIT:g} s ({case}) and was "
                                     "stopped: does a loop never end (a step of 0, a while loop)?"):
@@ -67,6 +78,9 @@ def _call(fn: Callable[..., Any], *args: Any, case: str, hint: str = "", **kwarg
     except (NotImplementedError, CheckFailure):
         raise
     except Exception as err:
+        said = broadcast_hint(err, *rows) if rows else ""
+        if said:
+            raise CheckFailure(f"{said} ({case})", mistake="a per-row factor not made a column") from err
         raise CheckFailure(f"Your code raised {type(err).__name__} ({case}): {err}. {hint}".strip()) from err
 
 
@@ -122,6 +136,7 @@ class _Watch(TorchDispatchMode):
         super().__init__()
         self.largest, self.largest_shape, self.exp_elements, self.fused = 0, (), 0, ""
         self.zero_exps: list[tuple[tuple[int, ...], int]] = []  # (shape, numel) of all-zero exp outputs
+        self.one_exps: list[int] = []  # numel of the exp outputs that are all exactly 1
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         out = func(*args, **(kwargs or {}))
@@ -136,6 +151,8 @@ class _Watch(TorchDispatchMode):
                     self.exp_elements += t.numel()
                     if t.dim() >= 2 and t.numel() and not t.any():  # a tile that is all future
                         self.zero_exps.append((tuple(t.shape), t.numel()))
+                    if t.numel() and t.is_floating_point() and bool((t == 1).all()):
+                        self.one_exps.append(t.numel())
         return out
 
 
@@ -144,26 +161,11 @@ class _Watch(TorchDispatchMode):
 # ----------------------------------------------------------------------------------------------
 
 HEADS, TOKENS, BYTES = 12, 32 * 1024, 4
+PAIRABLE = {1 / HEADS, 1 / BYTES, 1 / 2, 2, 8, 1 / TOKENS, (32000 / TOKENS) ** 2, 768 / TOKENS, 64 / TOKENS}
 
 
 def score_bytes_answer() -> int:
     return HEADS * TOKENS * TOKENS * BYTES
-
-
-_SCORE_MISCOUNTS = [  # (factor on the answer, what it means)
-    (1 / HEADS, "that is one head's scores: every one of the 12 heads has its own (L, L) matrix"),
-    (HEADS, "that counts 12 of something twice: one layer has 12 heads, and the question asks for "
-            "one layer, not GPT-2 small's 12 layers"),
-    (1 / BYTES, "that is the number of scores, not bytes: a float32 number takes 4 bytes"),
-    (1 / 2, "half the answer: 2 bytes per number is float16 or bfloat16; float32 takes 4"),
-    (2, "twice the answer: 8 bytes per number is float64, or you counted the scores and the "
-        "softmax's probabilities (ask only for the scores, Q K^T)"),
-    (1 / TOKENS, "that grows with L, not L^2: each of the L queries has a score for each of the L keys"),
-    ((32000 / TOKENS) ** 2, "32k here is 32 * 1024 = 32,768 tokens, not 32,000"),
-    (1 / (HEADS * BYTES), "that is one head's number of scores: count all 12 heads, 4 bytes each"),
-    (0.5 + 0.5 / TOKENS, "that counts only the scores on and below the diagonal: the matrix Q K^T is "
-                         "computed whole; the causal mask hides half of it afterwards"),
-]
 
 
 @checker
@@ -183,16 +185,30 @@ def _check_score_bytes(fn: Callable[[], Any]) -> None:
         print(f"check_score_bytes: right, {right:,} bytes = 12 heads x 32,768 queries x 32,768 keys "
               f"x 4 bytes, about {right / 2**30:.0f} GiB for one layer's scores.")
         return
-    for factor, reason in _SCORE_MISCOUNTS:
+    for factor, reason in SCORE_MISCOUNTS:
         if abs(got - right * factor) <= 1e-9 * right * factor:
             raise CheckFailure(f"Not quite: {reason}.", mistake=reason)
-    for unit, name in ((2**30, "GiB"), (1e9, "GB"), (2**20, "MiB"), (1e6, "MB"), (2**10, "KiB"),
-                       (1e3, "kB")):
+    units = ((2**30, "GiB"), (1e9, "GB"), (2**20, "MiB"), (1e6, "MB"), (2**10, "KiB"), (1e3, "kB"))
+    for unit, name in units:
         if abs(got - right / unit) <= 0.01 * right / unit:
             raise CheckFailure(f"Observed: {got:,g}, which is the answer in {name} ({right:,} bytes / "
                                f"{unit:,g}): return plain bytes.", mistake=f"answer in {name}")
+    for unit, name in units:
+        for factor, reason in SCORE_MISCOUNTS:
+            if abs(got - right * factor / unit) <= 0.01 * right * factor / unit:
+                raise CheckFailure(f"Observed: {got:,g}, a number in {name} (return plain bytes), and "
+                                   f"then {reason}.", mistake=f"answer in {name}, and {reason}")
+    single = [(f, r) for f, r in SCORE_MISCOUNTS if f in PAIRABLE]  # two slips a learner makes at once
+    pairs = [(a[1], b[1]) for n, a in enumerate(single) for b in single[n + 1:]
+             if abs(got - right * a[0] * b[0]) <= 1e-9 * right * a[0] * b[0]]
+    if len(pairs) == 1:  # two miscounts at once, and no other pair gives the same number
+        raise CheckFailure(f"Not quite, observed {got:,g}: two things at once. First, {pairs[0][0]}. "
+                           f"Second, {pairs[0][1]}.", mistake=" and ".join(pairs[0]))
+    ratio = got / right if got > 0 else 0.0
+    size = ("" if ratio <= 0 else f" (observed {got:,g}: between {10 ** math.floor(math.log10(ratio)):g} "
+            f"and {10 ** (math.floor(math.log10(ratio)) + 1):g} times the right number)")
     raise CheckFailure("Not quite: " + ("too small: a factor is missing" if got < right else
-                                        "too large: a factor is too big") +
+                                        "too large: a factor is too big") + size +
                        ". Count the numbers of Q K^T for one layer (heads x queries x keys), then "
                        "the bytes of each.")
 
@@ -238,59 +254,31 @@ def _merge_cases() -> list[tuple[str, tuple[torch.Tensor, ...], torch.Tensor, to
     values = torch.randn(4, 10, 3, generator=gen, dtype=torch.float64)
     large = _state(scores[:, :4], values[:, :4]) + _state(scores[:, 4:], values[:, 4:])
     cases.append((LARGE_MERGE_CASE, large, scores, values))
+    scores = torch.cat([900 + 100 * torch.rand(4, 4, generator=gen, dtype=torch.float64),
+                        3 * torch.randn(4, 6, generator=gen, dtype=torch.float64)], dim=-1)
+    scores[2:] = scores[2:].roll(6, dims=-1)  # rows 2, 3: state b holds the high scores
+    values = torch.randn(4, 10, 3, generator=gen, dtype=torch.float64)
+    far = _state(scores[:, :4], values[:, :4]) + _state(scores[:, 4:], values[:, 4:])
+    cases.append((FAR_MERGE_CASE, far, scores, values))
     return cases
 
 
 LARGE_MERGE_CASE = "4 rows, 4 + 6 keys, large scores (100 to 1000)"
+FAR_MERGE_CASE = ("4 rows, 4 + 6 keys, one state's maximum about 1000 above the other's (rows 0, 1: "
+                  "m_a high; rows 2, 3: m_b high)")
 
 
-def _merge_mistakes() -> list[tuple[str, Callable[..., tuple[torch.Tensor, ...]]]]:
-    def scaled(m_a, ell_a, o_a, m_b, ell_b, o_b, inverted=False):
-        m = torch.maximum(m_a, m_b)
-        ref = torch.where(torch.isinf(m), 0.0, m)
-        a, b = (torch.exp(ref - m_a), torch.exp(ref - m_b)) if inverted else (
-            torch.exp(m_a - ref), torch.exp(m_b - ref))
-        return m, a, b
-
-    def no_o(*s):
-        m, a, b = scaled(*s)
-        return m, a * s[1] + b * s[4], s[2] + s[5]
-
-    def no_ell(*s):
-        m, a, b = scaled(*s)
-        return m, s[1] + s[4], a[..., None] * s[2] + b[..., None] * s[5]
-
-    def nothing(*s):
-        return torch.maximum(s[0], s[3]), s[1] + s[4], s[2] + s[5]
-
-    def inverted(*s):
-        m, a, b = scaled(*s, inverted=True)
-        return m, a * s[1] + b * s[4], a[..., None] * s[2] + b[..., None] * s[5]
-
-    def normalised(*s):
-        m, ell, o = flash.merge_softmax_states(*s)
-        return m, ell, o / ell[..., None]
-
-    def max_of_o(*s):
-        m, ell, _ = flash.merge_softmax_states(*s)
-        m_a_wins = (s[0] >= s[3])[..., None]
-        return m, ell, torch.where(m_a_wins, s[2], s[5])
-
-    return [
-        ("o not rescaled: the output sums o_a + o_b as they are, while ell is rescaled. Each state's "
-         "o is measured from its own maximum; bring both to the new maximum m, with the same "
-         "factors exp(m_a - m) and exp(m_b - m) as ell", no_o),
-        ("ell not rescaled: ell_a + ell_b as they are. Each sum of exp(score - m_a) must be brought "
-         "to the new maximum: times exp(m_a - m)", no_ell),
-        ("neither ell nor o rescaled: each state's sums are measured from its own maximum; multiply "
-         "state a's by exp(m_a - m) and state b's by exp(m_b - m) before adding", nothing),
-        ("rescaled the wrong way: exp(m - m_a) instead of exp(m_a - m). The new maximum is larger, "
-         "so the older terms shrink: the factor is <= 1", inverted),
-        ("o divided by ell: return the running sum o, not yet divided; the division happens once, "
-         "after the last block, so that later merges can still rescale it", normalised),
-        ("o of the state with the larger maximum only: both states' values count, each rescaled",
-         max_of_o),
-    ]
+def _merge_rows(inputs: tuple[torch.Tensor, ...], got: tuple[torch.Tensor, ...],
+                expected: tuple[torch.Tensor, ...]) -> str:
+    """Where the rows go wrong, by which state holds the larger maximum ("" if it says nothing)."""
+    flat = [t.reshape(-1) for t in (inputs[0], inputs[3], got[0], got[1], expected[0], expected[1])]
+    o, e = got[2].reshape(len(flat[0]), -1), expected[2].reshape(len(flat[0]), -1)
+    bad = [not (_near(flat[2][i:i + 1], flat[4][i:i + 1]) and _near(flat[3][i:i + 1], flat[5][i:i + 1])
+                and _near(o[i], e[i])) for i in range(len(flat[0]))]
+    groups = {"m_a > m_b": flat[0] > flat[1], "m_b > m_a": flat[1] > flat[0], "m_a = m_b": flat[0] == flat[1]}
+    said = [f"{sum(b for b, g in zip(bad, sel) if g)} of {int(sel.sum())} rows where {name}"
+            for name, sel in groups.items() if sel.any()]
+    return "; wrong: " + ", ".join(said) if said and any(bad) else ""
 
 
 @checker
@@ -305,7 +293,8 @@ def _check_merge_states(fn: Callable[..., Any]) -> None:
         given = [t.clone() for t in inputs]
         with calls_to(refused) as seen:
             got = _call(fn, *given, case=case,
-                        hint="The inputs are m (...), ell (...), o (..., d_v) of state a, then of state b.")
+                        hint="The inputs are m (...), ell (...), o (..., d_v) of state a, then of state b.",
+                        rows=(inputs[0].shape[-1], inputs[2].shape[-1], "o"))
         if seen:
             raise CheckFailure("Your function calls course_lib's merge_softmax_states, the function this "
                                "exercise builds: write the merge yourself.")
@@ -329,6 +318,15 @@ def _check_merge_states(fn: Callable[..., Any]) -> None:
                 "absolute score or maximum, such as exp(m_a); only differences of maxima, "
                 "exp(m_a - m) <= 1, stay finite.",
                 mistake="absolute exponentials overflow on large scores")
+        if case == FAR_MERGE_CASE and not all(torch.isfinite(t).all() for t in (m, ell, o)):
+            gap = (inputs[0] - inputs[3]).abs()
+            raise CheckFailure(
+                f"Observed ({case}): your m, ell or o contains NaN or inf, while the earlier cases, "
+                f"large scores included, are right. Here m_a and m_b are {gap.min().item():.0f} to "
+                f"{gap.max().item():.0f} apart, and exp of a number above about 709 overflows float64 "
+                "(inf; and inf * 0 = NaN). Print every exp argument of your merge on row 0: one of "
+                "them grows with the gap between the two maxima.",
+                mistake="a factor that grows with the gap between the maxima overflows")
         if any(torch.isnan(t).any() for t in (m, ell, o)):
             raise CheckFailure(
                 f"Your result contains NaN ({case}). A state that has seen no key has m = -inf, and "
@@ -336,13 +334,23 @@ def _check_merge_states(fn: Callable[..., Any]) -> None:
                 "never NaN.")
         if all(_near(t, e) for t, e in zip((m, ell, o), expected)):
             continue
-        for reason, wrong in _merge_mistakes():
+        top = torch.maximum(inputs[0], inputs[3])
+        if m.shape == top.shape and not _near(m, top):
+            rows = int((~((m == top) | (m - top).abs().le(1e-9 * (1 + top.abs())))).sum())
+            smaller = _near(m, torch.minimum(inputs[0], inputs[3]))
+            low = " = min(m_a, m_b), the smaller maximum" if smaller else ""
+            raise CheckFailure(f"Not yet ({case}): observed m{low}: on {rows} of {m.numel()} rows your m is"
+                               " "
+                               "not the larger of m_a and m_b, the maximum over all the keys of both "
+                               "states.", mistake="m is not max(m_a, m_b)")
+        for reason, wrong in merge_variants():
             if all(t.shape == x.shape and _near(t, x) for t, x in zip((m, ell, o), wrong(*inputs))):
                 raise CheckFailure(f"Likely mistake ({case}): {reason}.", mistake=reason)
         names = [n for n, t, e in zip(("m", "ell", "o"), (m, ell, o), expected) if not _near(t, e)]
         raise CheckFailure(f"Not yet ({case}): {', '.join(names)} differ from the state of all the keys "
-                           "together. Check on one row with pen and paper: m is the larger maximum, and "
-                           "every term exp(score - m_a) becomes exp(score - m).")
+                           f"together{_merge_rows(inputs, (m, ell, o), expected)}. Check on one row "
+                           "with pen and paper: m is the larger maximum, and every term exp(score - m_a) "
+                           "becomes exp(score - m).")
     print(f"check_merge_states: all {len(_merge_cases())} cases right: the merged state is the "
           "softmax over all the keys (o / ell), also when a state has seen no key. Well done!")
 
@@ -352,26 +360,6 @@ def _check_merge_states(fn: Callable[..., Any]) -> None:
 # ----------------------------------------------------------------------------------------------
 
 
-def _one_head(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_k: int, knob: str = "") -> torch.Tensor:
-    """The Debug exercise's loop, right (knob "") or with one of the usual bugs."""
-    scale = 1.0 if knob == "no scale" else 1.0 / math.sqrt(q.size(-1))
-    m = torch.full((q.size(0),), -math.inf, dtype=q.dtype)
-    ell = torch.zeros(q.size(0), dtype=q.dtype)
-    o = torch.zeros(q.size(0), v.size(-1), dtype=q.dtype)
-    stop = k.size(0) - block_k + 1 if knob == "last block dropped" else k.size(0)
-    for start in range(0, max(stop, 1), block_k):
-        s = q @ k[start:start + block_k].T * scale
-        m_new = torch.maximum(m, s.amax(-1))
-        p = torch.exp(s - m_new[:, None])
-        alpha = torch.exp(m - m_new)
-        ell = (ell if knob == "neither" else alpha * ell) + p.sum(-1)
-        if knob == "o inverted":
-            alpha = torch.exp(m_new - m)
-        o = (o if knob in ("o", "neither") else alpha[:, None] * o) + p @ v[start:start + block_k]
-        m = m_new
-    return o / ell[:, None]
-
-
 _FIX_CASES = [  # (case, L_q, L_k, d, d_v, block_k, the maximum grows in later blocks)
     ("L_q=12, L_k=40, d=8, block_k=16 (3 blocks, the last one short)", 12, 40, 8, 8, 16, True),
     ("L_q=5, L_k=33, d=4, d_v=6, block_k=8", 5, 33, 4, 6, 8, True),
@@ -379,7 +367,10 @@ _FIX_CASES = [  # (case, L_q, L_k, d, d_v, block_k, the maximum grows in later b
     ("L_q=4, L_k=10, d=8, block_k=16 (one block holds every key)", 4, 10, 8, 8, 16, False),
     (LARGE_FIX_CASE := "L_q=6, L_k=40, d=8, block_k=16, float32, scores from about 100 to 1000",
      6, 40, 8, 8, 16, True),
+    (LATE_MAX_CASE := "L_q=4, L_k=40, d=8, block_k=16, float32, the middle block's scores about 100 "
+                      "above the other blocks'", 4, 40, 8, 8, 16, True),
 ]
+_FLOAT32_CASES = (LARGE_FIX_CASE, LATE_MAX_CASE)
 LARGE_FIX_TOL = 1e-3  # float32 scores near 1000 carry errors near 1e-4 in any correct loop
 
 
@@ -397,7 +388,33 @@ def _fix_inputs(n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         k = (100 + 900 * torch.rand(L_k, 1, generator=gen, dtype=torch.float64)) * math.sqrt(d) * u
         k = k + torch.randn(L_k, d, generator=gen, dtype=torch.float64)
         q, k, v = q.float(), k.float(), v.float()
+    if _FIX_CASES[n][0] == LATE_MAX_CASE:  # scores within 3 of 0, but about 100 in the middle block
+        u = torch.nn.functional.normalize(torch.randn(d, generator=gen, dtype=torch.float64), dim=0)
+        q = u + 0.02 * torch.randn(L_q, d, generator=gen, dtype=torch.float64)
+        c = torch.cat([6 * torch.rand(16, generator=gen, dtype=torch.float64) - 3,
+                       100 + 6 * torch.rand(16, generator=gen, dtype=torch.float64),
+                       6 * torch.rand(L_k - 32, generator=gen, dtype=torch.float64) - 3])
+        k = c[:, None] * math.sqrt(d) * u + 0.3 * torch.randn(L_k, d, generator=gen, dtype=torch.float64)
+        q, k, v = q.float(), k.float(), v.float()
     return q, k, v
+
+
+def _overflow(case: str, q: torch.Tensor, k: torch.Tensor, block_k: int, got: torch.Tensor) -> CheckFailure:
+    """What is observed when a float32 case gives NaN or inf: where the scores are, block by block."""
+    s = q.double() @ k.double().T / math.sqrt(q.size(-1))  # (L_q, L_k)
+    first, later = s[:, :block_k].amax(-1), s[:, block_k:].amax(-1)
+    gap = (later - first).max().item()
+    tops = [s[:, j:j + block_k].amax().item() for j in range(0, s.size(1), block_k)]
+    drop = max(max(tops[:n]) - tops[n] for n in range(1, len(tops))) if len(tops) > 1 else 0.0
+    after = f", and a later block's largest score is {drop:.0f} below an earlier block's" if drop > 50 else ""
+    return CheckFailure(
+        f"Not yet ({case}): observed NaN/inf in {int((~torch.isfinite(got)).sum())} of {got.numel()} "
+        f"outputs, in float32. Here the scores run from {s.min().item():.0f} to {s.max().item():.0f}; "
+        f"the first block's largest score per row is {first.min().item():.1f} to "
+        f"{first.max().item():.1f}; a later block's scores reach up to {gap:.0f} above it{after}. In "
+        "float32, exp(x) is inf once x exceeds ~88 (exp(88.7) = 3.4e38); the earlier cases are right. "
+        "Print the largest argument your exp receives, block by block.",
+        mistake="NaN/inf in float32 when an exp argument exceeds ~88")
 
 
 _FIX_SEEN = {"o": 0}
@@ -416,7 +433,7 @@ def _check_flash_fix(fn: Callable[..., Any]) -> None:
         q, k, v = _fix_inputs(n)
         watch, fused = _Watch(), _FusedWatch()
         with calls_to(refused) as seen, fused, watch:
-            got = _call(fn, q, k, v, block_k=block_k, case=case)
+            got = _call(fn, q, k, v, block_k=block_k, case=case, rows=(L_q, d_v, "o"))
         if seen or watch.fused or fused.called:
             raise CheckFailure("Your function calls a ready-made attention (course_lib's or PyTorch's "
                                "scaled_dot_product_attention): repair the loop itself.")
@@ -429,21 +446,26 @@ def _check_flash_fix(fn: Callable[..., Any]) -> None:
             raise CheckFailure(f"Your function makes a tensor of shape {watch.largest_shape} ({case}): as "
                                f"large as all {L_q} x {L_k} scores. Keep the loop over blocks of keys.")
         diff = _max_diff(got, expected)
-        if case == LARGE_FIX_CASE:
+        if case in _FLOAT32_CASES:
             if not torch.isfinite(got).all():
-                top = (q.double() @ k.double().T / math.sqrt(d)).max().item()
-                raise CheckFailure(
-                    f"Not yet ({case}): observed NaN/inf in {int((~torch.isfinite(got)).sum())} of "
-                    f"{got.numel()} outputs, in float32, where the scores reach {top:.0f}. The cases before "
-                    "it are right. In float32, exp overflows once scores exceed ~88.",
-                    mistake="NaN/inf in float32 when scores exceed ~88")
+                raise _overflow(case, q, k, block_k, got)
             if diff <= LARGE_FIX_TOL:
                 continue
         elif diff <= FIX_TOL:
             continue
-        if _max_diff(got, _one_head(q, k, v, block_k, "o")) <= FIX_TOL:
+        if _max_diff(got, one_head_loop(q, k, v, block_k, "o")) <= FIX_TOL:
+            n_blocks = math.ceil(L_k / block_k)
+            ones = sum(1 for numel in watch.one_exps if numel == L_q)
+            if n_blocks >= 3 and ones >= n_blocks - 1:
+                reason = "o's factor is exp(0) = 1 at every block"
+                raise CheckFailure(
+                    f"Not yet ({case}): your output equals the loop in which o is never rescaled, "
+                    f"though your code does compute a factor for it: observed an exp that returns "
+                    f"exactly 1 for all {L_q} rows at {ones} of {n_blocks} blocks, even where a row's "
+                    "maximum grows. exp(x) is exactly 1 only for x = 0: print m and m_new at the "
+                    "moment that factor is computed.", mistake=reason)
             _FIX_SEEN["o"] += 1
-            one_block = _one_head(*_fix_inputs(3), 16, "o")
+            one_block = one_head_loop(*_fix_inputs(3), 16, "o")
             exact_alone = _max_diff(one_block, F.scaled_dot_product_attention(*_fix_inputs(3))) <= FIX_TOL
             ones = _call(fn, q, k, torch.ones(L_k, 1, dtype=q.dtype), block_k=block_k, case=case)
             ones = _f64(ones).flatten() if isinstance(ones, torch.Tensor) else torch.ones(1)
@@ -460,25 +482,26 @@ def _check_flash_fix(fn: Callable[..., Any]) -> None:
             raise CheckFailure(message + " When m grows, ell is rescaled by alpha = exp(m - m_new); is "
                                "everything else that was summed from the old m? show_solution(\"13.flash_fix\") "
                                "shows a fix.")
-        if _max_diff(got, _one_head(q, k, v, block_k, "o inverted")) <= FIX_TOL:
+        if _max_diff(got, one_head_loop(q, k, v, block_k, "o inverted")) <= FIX_TOL:
             bad = int((~torch.isfinite(got)).sum())
             reason = "o's factor is exp(m_new - m), the inverse of ell's"
             raise CheckFailure(
                 f"Not yet ({case}): observed {bad} of {got.numel()} outputs NaN or inf. Your o is "
                 "multiplied by exp(m_new - m) at each block, while ell is multiplied by exp(m - m_new): "
                 "print that factor at the first block (m = -inf) and when m grows.", mistake=reason)
-        for knob, reason in (("neither", "neither ell nor o shrinks when the maximum grows: the terms "
-                                         "summed before stay measured from the old maximum"),
-                             ("last block dropped", "the keys of the last, shorter block are never read: "
-                                                    "L_k is not a multiple of block_k here"),
-                             ("no scale", "the scores are not divided by sqrt(head_dim)")):
-            if _max_diff(got, _one_head(q, k, v, block_k, knob)) <= FIX_TOL:
+        for knob, reason in FIX_MISTAKES:
+            if _max_diff(got, one_head_loop(q, k, v, block_k, knob)) <= FIX_TOL:
                 raise CheckFailure(f"Not yet ({case}): {reason}.", mistake=reason)
+        finite = torch.isfinite(got).all()
+        rows = int((got - expected).abs().amax(-1).gt(FIX_TOL).sum()) if finite else L_q
+        size = (" (the size of float32 round-off: this case is float64, compared to 2e-5)"
+                if diff < 1e-4 and case not in _FLOAT32_CASES else "")
         raise CheckFailure(f"Not yet ({case}): your output differs from exact attention by up to "
-                           f"{diff:.3g}. Print m, ell and o after each block for one query and compare "
-                           "with the softmax of its scores.")
+                           f"{diff:.3g}{size}, on {rows} of {L_q} rows. Print m, ell and o after each "
+                           "block for one query and compare with the softmax of its scores.")
     print(f"check_flash_fix: all {len(_FIX_CASES)} cases equal PyTorch's attention (blocks of 1 key, "
-          "a short last block, one block for everything). Well done!")
+          "a short last block, one block for everything, float32 scores where exp(score) overflows). "
+          "Well done!")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -486,95 +509,13 @@ def _check_flash_fix(fn: Callable[..., Any]) -> None:
 # ----------------------------------------------------------------------------------------------
 
 
-def _ref_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, knob: str = ""
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Exact attention and log-sum-exp from the whole score matrix, right (knob "") or wrong."""
-    L_q, L_k = q.size(-2), k.size(-2)
-    scale = 1.0 if knob == "no scale" else 1.0 / math.sqrt(q.size(-1))
-    s = q @ k.transpose(-2, -1) * scale
-    if is_causal:
-        offset = {"bottom-right": L_k - L_q, "no diagonal": -1}.get(knob, 0)
-        s = s.masked_fill(~torch.ones(L_q, L_k, dtype=torch.bool).tril(offset), -math.inf)
-    lse = torch.logsumexp(s, dim=-1)
-    out = torch.nan_to_num(torch.softmax(s, dim=-1)) @ v
-    if knob == "lse without m":
-        lse = torch.log(torch.exp(s - s.amax(-1, keepdim=True)).sum(-1))
-    if knob == "lse log2":
-        lse = lse / math.log(2)
-    if knob == "lse without log":
-        top = s.amax(-1)
-        lse = top + torch.exp(s - top[..., None]).sum(-1)
-    return out, lse
-
-
-def _tiled_knob(q, k, v, is_causal, bq, bk, knob):  # noqa: ANN001, ANN202
-    """The tiled forward with a bug that only tiles show: o not rescaled, lse saved too early,
-    the last short tile dropped, output not divided by ell."""
-    B, h, L_q, _ = q.shape
-    L_k, scale = k.size(2), 1.0 / math.sqrt(q.size(-1))
-    out, lse = torch.zeros(B, h, L_q, v.size(-1), dtype=q.dtype), torch.zeros(B, h, L_q, dtype=q.dtype)
-    for i0 in range(0, L_q, bq):
-        i1 = min(i0 + bq, L_q)
-        m = torch.full((B, h, i1 - i0), -math.inf, dtype=q.dtype)
-        ell, o = torch.zeros_like(m), torch.zeros(B, h, i1 - i0, v.size(-1), dtype=q.dtype)
-        first_lse = None
-        stop = L_k - bk + 1 if knob == "last tile dropped" else L_k
-        for j0 in range(0, max(stop, 1), bk):
-            if is_causal and j0 > i1 - 1:
-                break
-            j1 = min(j0 + bk, L_k)
-            s = q[:, :, i0:i1] @ k[:, :, j0:j1].transpose(-2, -1) * scale
-            if is_causal:
-                s = s.masked_fill(torch.arange(j0, j1)[None] > torch.arange(i0, i1)[:, None], -math.inf)
-            m_new = torch.maximum(m, s.amax(-1))
-            p = torch.exp(s - m_new[..., None])
-            alpha = torch.exp(m - m_new)
-            ell = alpha * ell + p.sum(-1)
-            if knob == "o inverted":
-                alpha = torch.exp(m_new - m)
-            o = (o if knob == "o not rescaled" else alpha[..., None] * o) + p @ v[:, :, j0:j1]
-            if knob in ("divided every tile", "divided every tile and at the end"):
-                o = o / ell[..., None]
-            m = m_new
-            if first_lse is None:
-                first_lse = m + torch.log(ell)
-        out[:, :, i0:i1] = o if knob in ("not divided", "divided every tile") else o / ell[..., None]
-        lse[:, :, i0:i1] = first_lse if knob == "lse too early" else m + torch.log(ell)
-    return out, lse
-
-
-_FORWARD_MISTAKES = [  # (knob, tiled?, what it is)
-    ("o not rescaled", True, "lse is right but out is not, in the rows whose largest score arrives in "
-                             "a later tile of keys; out equals a loop whose o is not rescaled when the "
-                             "running maximum grows (the Debug exercise's bug)"),
-    ("lse too early", True, "the log-sum-exp is saved after the first tile of keys, not after the last: "
-                            "the output is right, lse is not. Compute L_i = m + log(ell) once every "
-                            "tile of keys has been merged"),
-    ("last tile dropped", True, "the last, shorter tile is never read (its length is not a multiple of "
-                                "the block size): let the last tile end at min(start + block, L)"),
-    ("not divided", True, "the output is not divided by ell after the last tile"),
-    ("divided every tile", True, "o is divided by the running sum ell in every tile, while the next "
-                                 "tile still adds unnormalised terms to it: divide once, after the "
-                                 "last tile"),
-    ("divided every tile and at the end", True, "o is divided by the running sum ell in every tile (and "
-                                                "again at the end): keep o unnormalised in the loop and "
-                                                "divide once, after the last tile"),
-    ("lse without log", False, "lse is m + ell, the log-sum-exp without the log: L_i = m + log(ell)"),
-    ("no scale", False, "the scores are not divided by sqrt(head_dim)"),
-    ("bottom-right", False, "the causal mask is aligned to the bottom right (query i sees keys up to "
-                            "i + L_k - L_q): this exercise uses SDPA's is_causal, query i sees keys 0..i"),
-    ("no diagonal", False, "the causal mask hides the diagonal: a query may attend to its own position"),
-    ("lse without m", False, "lse is log(ell) without the running maximum: L_i = m + log(ell)"),
-    ("lse log2", False, "lse is in base 2: use the natural logarithm, as torch.logsumexp"),
-]
-
 _FORWARD_CASES = [  # (case, B, h, L_q, L_k, d, is_causal, block_q, block_k, dtype)
     ("B=2, h=3, L=64, head_dim=8, blocks 16 x 16", 2, 3, 64, 64, 8, False, 16, 16, torch.float64),
     ("B=1, h=2, L_q=37, L_k=50, head_dim=8, blocks 8 x 16 (they do not divide L)",
      1, 2, 37, 50, 8, False, 8, 16, torch.float64),
     ("B=2, h=2, L=70, head_dim=4, causal, blocks 16 x 8", 2, 2, 70, 70, 4, True, 16, 8, torch.float64),
-    ("B=1, h=1, L_q=20, L_k=45, head_dim=8, causal (query i sees keys 0..i), blocks 8 x 8",
-     1, 1, 20, 45, 8, True, 8, 8, torch.float64),
+    ("B=1, h=1, L_q=20, L_k=45, head_dim=8, causal (query i sees keys 0..i), blocks 8 x 5",
+     1, 1, 20, 45, 8, True, 8, 5, torch.float64),
     ("B=1, h=2, L=40, head_dim=16, causal, float32, blocks 32 x 32", 1, 2, 40, 40, 16, True, 32, 32,
      torch.float32),
     ("B=1, h=1, L=10, head_dim=8, one tile larger than L (blocks 64 x 64)", 1, 1, 10, 10, 8, False, 64, 64,
@@ -626,7 +567,8 @@ def _check_flash_forward(fn: Callable[..., Any]) -> None:
         watch, fused = _Watch(), _FusedWatch()
         with calls_to(refused) as seen, fused, watch:
             got = _call(fn, *given, is_causal=causal, block_q=bq, block_k=bk, case=case,
-                        hint="q, k, v are (B, h, L, head_dim); return (out, lse).")
+                        hint="q, k, v are (B, h, L, head_dim); return (out, lse).",
+                        rows=(min(bq, L_q), d, "a tile of the output"))
         if seen:
             raise CheckFailure("Your function calls course_lib's FlashAttention (course_lib.flash), the "
                                "reference: design the tiles yourself.")
@@ -643,9 +585,14 @@ def _check_flash_forward(fn: Callable[..., Any]) -> None:
         if tuple(out.shape) != (B, h, L_q, d) or tuple(lse.shape) != (B, h, L_q):
             raise CheckFailure(f"Wrong shapes ({case}): out {tuple(out.shape)} and lse {tuple(lse.shape)}, "
                                f"expected {(B, h, L_q, d)} and {(B, h, L_q)}.")
+        qd, kd, vd = (t.double() for t in (q, k, v))
+        tol = 1e-9 if dtype == torch.float64 else 2e-5
+        partial = partial_tile_message(_f64(out), _f64(lse), (qd, kd, vd), causal, bq, bk, tol)
+        if partial:
+            raise CheckFailure(f"Likely mistake ({case}): {partial}", mistake=PARTIAL_TILE)
         if not (torch.isfinite(out).all() and torch.isfinite(lse).all()):
             if causal:
-                nd_out, nd_lse = _ref_forward(*(t.double() for t in (q, k, v)), True, "no diagonal")
+                nd_out, nd_lse = ref_forward(*(t.double() for t in (q, k, v)), True, "no diagonal")
                 tol_nd = 1e-9 if dtype == torch.float64 else 2e-5
                 rows_bad = (~torch.isfinite(_f64(out)).all(-1)) | (~torch.isfinite(_f64(lse)))
                 if (rows_bad.any() and not rows_bad[..., 1:].any()
@@ -656,7 +603,7 @@ def _check_flash_forward(fn: Callable[..., Any]) -> None:
                         f"Likely mistake ({case}): observed NaN or inf in query 0's row only, and every "
                         "other row equals attention where query i sees keys 0..i-1: " + reason +
                         " (query 0 then sees no key at all).", mistake=reason)
-            inv = _tiled_knob(*(t.double() for t in (q, k, v)), causal, bq, bk, "o inverted")
+            inv = tiled_forward_variant(*(t.double() for t in (q, k, v)), causal, bq, bk, "o inverted")
             if _max_diff(_f64(out), inv[0]) <= 1e-6 and _max_diff(_f64(lse), inv[1]) <= 1e-6:
                 reason = "o is rescaled upside down, by exp(m_new - m) >= 1 (inf at the first tile, where m = -inf)"
                 raise CheckFailure(
@@ -673,9 +620,7 @@ def _check_flash_forward(fn: Callable[..., Any]) -> None:
                 f"({case}): more than one tile of scores (B*h*block_q*block_k = {B * h * bq * bk}) and "
                 "more than the inputs. The point of the exercise: never hold the (L_q, L_k) scores, nor "
                 "an (L_q, L_k) mask, at once.")
-        qd, kd, vd = (t.double() for t in (q, k, v))
-        exp_out, exp_lse = _ref_forward(qd, kd, vd, causal)
-        tol = 1e-9 if dtype == torch.float64 else 2e-5
+        exp_out, exp_lse = ref_forward(qd, kd, vd, causal)
         d_out, d_lse = _max_diff(_f64(out), exp_out), _max_diff(_f64(lse), exp_lse)
         if d_out <= tol and d_lse <= tol:
             n_tiles = math.ceil(L_q / bq) * math.ceil(L_k / bk)
@@ -687,16 +632,35 @@ def _check_flash_forward(fn: Callable[..., Any]) -> None:
             if causal:
                 _check_causal_tiles(watch, case, B * h, L_q, L_k, bq, bk)
             continue
-        for knob, tiled, reason in _FORWARD_MISTAKES:
-            wrong = (_tiled_knob(qd, kd, vd, causal, bq, bk, knob) if tiled
-                     else _ref_forward(qd, kd, vd, causal, knob))
+        for knob, tiled, reason in FORWARD_MISTAKES:
+            wrong = (tiled_forward_variant(qd, kd, vd, causal, bq, bk, knob) if tiled
+                     else ref_forward(qd, kd, vd, causal, knob))
             if _max_diff(_f64(out), wrong[0]) <= tol and _max_diff(_f64(lse), wrong[1]) <= tol:
                 raise CheckFailure(f"Likely mistake ({case}): {reason}.", mistake=reason)
         which = [name for name, diff in (("out", d_out), ("lse", d_lse)) if diff > tol]
+        bad = ((_f64(out) - exp_out).abs().amax(-1) > tol) | ((_f64(lse) - exp_lse).abs() > tol)
+        bad = ~(~bad | (torch.isinf(exp_lse) & (_f64(lse) == exp_lse)))  # (B, h, L_q)
+        rows = bad.any(0).any(0).nonzero().flatten().tolist()
+        tiles = sorted({r // bq for r in rows})
+        where = (f"; observed in {len(rows)} of {L_q} query positions, in query tile(s) {tiles[:8]} "
+                 f"of {math.ceil(L_q / bq)} (tiles of {bq} queries; first wrong query {rows[0]})"
+                 if rows else "")
+        only = {"out": " (lse is right)", "lse": " (out is right)"}.get(" and ".join(which), "")
+        if dtype == torch.float64 and max(d_out, d_lse) < 1e-5:
+            kind = next((f"{name} is returned as {t.dtype}" for name, t in (("out", out), ("lse", lse))
+                         if t.dtype != torch.float64),
+                        "out and lse come back as float64, so a step in between computes in float32")
+            raise CheckFailure(
+                f"Not yet ({case}): {' and '.join(which)} differ from SDPA's attention and the "
+                f"logsumexp of the scores by at most {max(d_out, d_lse):.2g}{only}: the size of "
+                "float32 round-off (float32 keeps about 7 digits, a relative step of 6e-8). This case is "
+                f"float64 and is compared to 1e-9: observed that {kind} (a .float(), a tensor made "
+                "without dtype=q.dtype, or a float32 constant).", mistake="float32 round-off in a "
+                "float64 case")
         raise CheckFailure(f"Not yet ({case}): {' and '.join(which)} differ from SDPA's attention and "
-                           f"the logsumexp of the scores (largest difference {max(d_out, d_lse):.3g}). "
-                           "None of the usual mistakes explains it; compare one query tile at a time "
-                           "on a small input.")
+                           f"the logsumexp of the scores{only} (largest difference "
+                           f"{max(d_out, d_lse):.3g}){where}. None of the usual mistakes explains it; "
+                           "compare one query tile at a time on a small input.")
     print(f"check_flash_forward: all {len(_FORWARD_CASES)} cases equal SDPA and logsumexp (float64 to "
           "1e-9, float32 to 2e-5), never more than a tile of scores at once, causal tiles skipped. "
           "Well done!")
@@ -709,6 +673,7 @@ def _check_flash_forward(fn: Callable[..., Any]) -> None:
 _LOCATE_CASES = [  # (block_table, position, block_size)
     ([7, 2, 9], 0, 4), ([7, 2, 9], 5, 4), ([7, 2, 9], 11, 4), ([13, 4, 27, 11], 47, 16),
     ([13, 4, 27, 11], 16, 16), ([3], 2, 3), ([5, 8, 1, 0, 6], 13, 3), ([12, 30], 31, 16),
+    ([6, 1, 4, 8], 9, 6),  # 9 / 6 = 1.5: round() and ceil() give block 2, floor gives 1
 ]
 
 
@@ -718,11 +683,66 @@ def check_locate(fn: Callable[..., Any]) -> None:
     _guarded(_check_locate)(fn)
 
 
+def _outcome(fn: Callable[..., Any], table: list[int], position: int, size: int) -> Any:
+    """What ``fn`` gives for one case: its result (tensors as ints), or ``("raised", name, text)``."""
+    try:
+        with time_limit(TIME_LIMIT, f"Your code ran for more than {TIME_LIMIT:g} s and was stopped."):
+            got = fn(list(table), position, size)
+    except (NotImplementedError, CheckFailure):
+        raise
+    except Exception as err:  # a mistake's fingerprint, named below
+        return ("raised", type(err).__name__, str(err))
+    if isinstance(got, torch.Tensor) and got.numel() == 1:
+        got = int(got.item())
+    if isinstance(got, (tuple, list)) and len(got) == 2:
+        got = tuple(int(x.item()) if isinstance(x, torch.Tensor) and x.numel() == 1 else x for x in got)
+    return got
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, tuple) and a and a[0] == "raised":
+        return isinstance(b, tuple) and bool(b) and b[0] == "raised" and a[1] == b[1]
+    try:
+        return bool(a == b)
+    except Exception:  # noqa: BLE001 - a result that cannot be compared matches nothing
+        return False
+
+
+def _locate_observed(got: Any, table: list[int], position: int, size: int, asked: str = "") -> str:
+    logical, slot = divmod(position, size)
+    where = (f"position {position} of a sequence with block_size {size} and block_table {table} "
+             f"({len(table)} blocks)")
+    if isinstance(got, tuple) and got and got[0] == "raised":
+        return (f"{where}: your code raised {got[1]} ({got[2]}){asked}; that position is in logical "
+                f"block {position} // {size} = {logical}, slot {slot}")
+    return f"{where}: you return {got!r}, expected ({table[logical]}, {slot})"
+
+
 def _check_locate(fn: Callable[..., Any]) -> None:
     _refuse(fn, "read the block table yourself (two lines).")
+    outcomes = [_outcome(fn, t, p, s) for t, p, s in _LOCATE_CASES]
+    rights = [(t[p // s], p % s) for t, p, s in _LOCATE_CASES]
+    if all(_same(o, r) for o, r in zip(outcomes, rights)):
+        print(f"check_locate: all {len(_LOCATE_CASES)} cases right. Well done!")
+        return
+    first = next(n for n, (o, r) in enumerate(zip(outcomes, rights)) if not _same(o, r))
+    for reason, wrong in LOCATE_MISTAKES:
+        if all(_same(o, _outcome(wrong, t, p, s)) for o, (t, p, s) in zip(outcomes, _LOCATE_CASES)):
+            table, position, size = _LOCATE_CASES[first]
+            theirs = _outcome(wrong, table, position, size)
+            asked = ""
+            if isinstance(theirs, tuple) and theirs and theirs[0] == "raised" and ": " in theirs[2]:
+                asked = ": it asked for " + theirs[2].split(": ", 1)[1]
+            said = _locate_observed(outcomes[first], table, position, size, asked)
+            raise CheckFailure(f"Observed: {said}. All {len(_LOCATE_CASES)} cases match this mistake: "
+                               f"{reason}.", mistake=reason)
     for table, position, size in _LOCATE_CASES:
         case = f"block_table {table}, position {position}, block_size {size}"
-        got = _call(fn, list(table), position, size, case=case)
+        got = outcomes[_LOCATE_CASES.index((table, position, size))]
+        if isinstance(got, tuple) and got and got[0] == "raised":
+            raise CheckFailure(f"Observed: {_locate_observed(got, table, position, size)}. Logical block "
+                               "n holds positions n * block_size .. (n + 1) * block_size - 1, and the "
+                               "table has one entry per logical block.")
         if isinstance(got, (tuple, list)) and len(got) == 2:
             got = tuple(int(x.item()) if isinstance(x, torch.Tensor) else x for x in got)
         logical, slot = divmod(position, size)
@@ -773,4 +793,3 @@ def _check_locate(fn: Callable[..., Any]) -> None:
                                "only says where each block is.", mistake="division by the table's length")
         raise CheckFailure(f"Not yet ({case}): you return {got}, expected {right}. Logical block n holds "
                            "positions n * block_size .. (n + 1) * block_size - 1.")
-    print(f"check_locate: all {len(_LOCATE_CASES)} cases right. Well done!")

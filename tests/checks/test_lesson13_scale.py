@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from course_lib import flash
 from course_lib.checks import lesson13_scale as scale
+from course_lib.checks import lesson13_scale_mistakes as mistakes
 from course_lib.checks import CheckFailure
 from course_lib.solutions import solution_source
 
@@ -156,7 +157,7 @@ def test_debug_refuses_sdpa_and_names_a_dropped_block(capsys):
     _fails(scale.check_flash_fix, flash_one_head, "ready-made attention")
 
     def dropped(q, k, v, block_k=16):
-        return scale._one_head(q, k, v, block_k, "last block dropped")
+        return mistakes.one_head_loop(q, k, v, block_k, "last block dropped")
     _fails(scale.check_flash_fix, dropped, "last, shorter block")
 
 
@@ -180,8 +181,8 @@ def test_debug_in_float32_and_a_decorator_pass(capsys):
 def _knob_forward(knob):
     def my_flash_forward(q, k, v, is_causal=False, block_q=32, block_k=32):
         if knob in ("o not rescaled", "lse too early", "last tile dropped", "not divided"):
-            return scale._tiled_knob(q.double(), k.double(), v.double(), is_causal, block_q, block_k, knob)
-        return scale._ref_forward(q.double(), k.double(), v.double(), is_causal, knob)
+            return mistakes.tiled_forward_variant(q.double(), k.double(), v.double(), is_causal, block_q, block_k, knob)
+        return mistakes.ref_forward(q.double(), k.double(), v.double(), is_causal, knob)
     return my_flash_forward
 
 
@@ -203,7 +204,7 @@ def test_forward_mistakes_are_named(knob, words):
 
 def test_whole_score_matrix_is_refused():
     def my_flash_forward(q, k, v, is_causal=False, block_q=32, block_k=32):
-        return scale._ref_forward(q.double(), k.double(), v.double(), is_causal)
+        return mistakes.ref_forward(q.double(), k.double(), v.double(), is_causal)
     _fails(scale.check_flash_forward, my_flash_forward, "makes a tensor", "(L_q, L_k)")
 
 
@@ -307,8 +308,9 @@ def test_locate_with_a_tensor_table_result_passes(capsys):
 
 # --- issue #48: wrong attempts that were accepted -----------------------------------------------
 
-def _tiled_forward(stop_late=False):
-    """A tiled causal forward; with stop_late its stop test is one tile late (the extra tile masked)."""
+def _tiled_forward(stop_late=False, lse_is_max=False):
+    """A tiled causal forward; with stop_late its stop test is one tile late (the extra tile masked);
+    with lse_is_max it saves the running maximum m as the log-sum-exp."""
     def my_flash_forward(q, k, v, is_causal=False, block_q=32, block_k=32):
         B, h, L_q, d = q.shape
         L_k = k.size(2)
@@ -330,7 +332,8 @@ def _tiled_forward(stop_late=False):
                 p = torch.exp(s - m_new[..., None])
                 alpha = torch.exp(m - m_new)
                 ell, o, m = alpha * ell + p.sum(-1), alpha[..., None] * o + p @ v[:, :, j0:j1], m_new
-            out[:, :, i0:i1], lse[:, :, i0:i1] = o / ell[..., None], m + torch.log(ell)
+            out[:, :, i0:i1] = o / ell[..., None]
+            lse[:, :, i0:i1] = m if lse_is_max else m + torch.log(ell)
         return out, lse
     return my_flash_forward
 
@@ -383,7 +386,7 @@ def test_merge_with_absolute_exponentials_is_refused_on_large_scores():
 
 def _one_head_variant(knob):
     def flash_one_head(q, k, v, block_k=16):
-        return scale._one_head(q, k, v, block_k, knob)
+        return mistakes.one_head_loop(q, k, v, block_k, knob)
     return flash_one_head
 
 
@@ -401,7 +404,7 @@ def test_debug_names_o_rescaled_upside_down_without_the_fix():
 ])
 def test_forward_tile_mistakes_are_named(knob, words):
     def my_flash_forward(q, k, v, is_causal=False, block_q=32, block_k=32):
-        return scale._tiled_knob(q.double(), k.double(), v.double(), is_causal, block_q, block_k, knob)
+        return mistakes.tiled_forward_variant(q.double(), k.double(), v.double(), is_causal, block_q, block_k, knob)
     _fails(scale.check_flash_forward, my_flash_forward, words)
 
 
@@ -455,10 +458,370 @@ def test_score_bytes_in_kilobytes_is_named(value, words):
      "flat array"),
     (lambda table, position, size: table[position // size] * size + position % size, "flat array"),
     (lambda table, position, size: (table[position // len(table)], position % len(table)),
-     "divides by the table's length"),
+     "the table's length"),
     (lambda table, position, size: (table[position // size], position % len(table)),
-     "divides by the table's length"),
+     "the table's length"),
 ])
 def test_locate_more_mistakes_are_named(fn, words):
-    message = _fails(scale.check_locate, fn, "observed", words)
-    assert message.index("observed") < message.index(words)
+    message = _fails(scale.check_locate, fn, words)
+    assert "observed" in message.lower()
+    assert message.lower().index("observed") < message.index(words)
+
+
+# --- the blind tryout: more mistakes named by what is observed --------------------------------------
+
+@pytest.mark.parametrize("value, words", [
+    (12 * 32768 * 32768 * 32, "8 times too large: that counts bits"),
+    (32768 * 32768 * 32, "8/12"),
+    (12 * 768 * 32768 * 4, "768/32,768"),
+    (768 * 32768 * 4, "size of Q"),
+    (12 * 32768 * 32768 * 4 * 64, "64 times"),
+    (32768 * 32768 * 4 / 1e9, "in GB"),
+    (12 * 32768 * 32768 * 4 * 5, "between 1 and 10 times"),
+])
+def test_score_bytes_names_more_miscounts(value, words):
+    _fails(scale.check_score_bytes, lambda: value, words)
+
+
+def test_score_bytes_as_a_float_or_a_tensor_passes(capsys):
+    _passes(scale.check_score_bytes, lambda: float(12 * 32768 ** 2 * 4), capsys)
+    _passes(scale.check_score_bytes, lambda: torch.tensor(12 * 32768 ** 2 * 4), capsys)
+
+
+def _merge_weights(fa, fb, unsqueeze=True):
+    """A merge whose ell and o take factors ``fa`` and ``fb`` (names: "a", "b", "1")."""
+    def merge_states(m_a, ell_a, o_a, m_b, ell_b, o_b):
+        m = torch.maximum(m_a, m_b)
+        ref = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+        pick = {"a": torch.exp(m_a - ref), "b": torch.exp(m_b - ref), "1": torch.ones_like(m)}
+        a, b = pick[fa], pick[fb]
+        o = a[..., None] * o_a + b[..., None] * o_b if unsqueeze else a * o_a + b * o_b
+        return m, a * ell_a + b * ell_b, o
+    return merge_states
+
+
+@pytest.mark.parametrize("fa, fb, unsqueeze, words", [
+    ("b", "a", True, "the factors are swapped"),
+    ("a", "1", True, "only state a is rescaled"),
+    ("1", "b", True, "only state b is rescaled"),
+    ("a", "b", False, "one per row"),
+])
+def test_merge_more_mistakes_are_named(fa, fb, unsqueeze, words):
+    _fails(scale.check_merge_states, _merge_weights(fa, fb, unsqueeze), words)
+
+
+def test_merge_one_row_at_a_time_passes(capsys):
+    def merge_states(m_a, ell_a, o_a, m_b, ell_b, o_b):
+        m, ell, o = torch.empty_like(m_a), torch.empty_like(ell_a), torch.empty_like(o_a)
+        for i in range(m_a.numel()):
+            idx = torch.unravel_index(torch.tensor(i), m_a.shape)
+            ma, mb = float(m_a[idx]), float(m_b[idx])
+            top = max(ma, mb)
+            fa = 0.0 if ma == -math.inf else math.exp(ma - top)
+            fb = 0.0 if mb == -math.inf else math.exp(mb - top)
+            m[idx], ell[idx] = top, fa * ell_a[idx] + fb * ell_b[idx]
+            o[idx] = fa * o_a[idx] + fb * o_b[idx]
+        return m, ell, o
+    _passes(scale.check_merge_states, merge_states, capsys)
+
+
+def _first_block_max(q, k, v, block_k=16):
+    """Every block measured from the first block's maximum, never rescaled: exact until a later
+    block's scores exceed the first block's by ~88 in float32."""
+    m = None
+    ell = torch.zeros(q.size(0), dtype=q.dtype)
+    o = torch.zeros(q.size(0), v.size(-1), dtype=q.dtype)
+    for start in range(0, k.size(0), block_k):
+        s = q @ k[start:start + block_k].T / math.sqrt(q.size(-1))
+        m = s.amax(-1) if m is None else m
+        p = torch.exp(s - m[:, None])
+        ell, o = ell + p.sum(-1), o + p @ v[start:start + block_k]
+    return o / ell[:, None]
+
+
+def test_debug_measured_from_the_first_block_is_refused_by_what_is_observed():
+    message = _fails(scale.check_flash_fix, _first_block_max, "observed NaN/inf", "above it",
+                     "first block")
+    assert "show_solution" not in message and "rescale" not in message
+
+
+@pytest.mark.parametrize("knob, words", [
+    ("block max", "own maximum"), ("ell twice", "ell is multiplied by exp(m - m_new) twice"),
+    ("o twice", "o is multiplied by exp(m - m_new) twice"), ("ell", "but ell is not"),
+    ("divided every block", "divided by ell in every block"),
+    ("new terms rescaled", "new block's terms"), ("m never updated", "last block's keys only"),
+])
+def test_debug_more_mistakes_are_named(knob, words):
+    message = _fails(scale.check_flash_fix, _one_head_variant(knob), "Not yet", words)
+    assert "show_solution" not in message
+
+
+def test_debug_without_unsqueeze_says_the_factor_is_per_row():
+    def flash_one_head(q, k, v, block_k=16):
+        m = torch.full((q.size(0),), float("-inf"), dtype=q.dtype)
+        ell = torch.zeros(q.size(0), dtype=q.dtype)
+        o = torch.zeros(q.size(0), v.size(-1), dtype=q.dtype)
+        for start in range(0, k.size(0), block_k):
+            s = q @ k[start:start + block_k].T / math.sqrt(q.size(-1))
+            m_new = torch.maximum(m, s.amax(-1))
+            p = torch.exp(s - m_new[:, None])
+            ell = torch.exp(m - m_new) * ell + p.sum(-1)
+            o = torch.exp(m - m_new) * o + p @ v[start:start + block_k]
+            m = m_new
+        return o / ell[:, None]
+    message = _fails(scale.check_flash_fix, flash_one_head, "one per row", "(..., 12, 1)")
+    assert message.startswith("Observed")
+
+
+def test_debug_float64_einsum_and_row_loop_styles_pass(capsys):
+    def flash_one_head(q, k, v, block_k=16):
+        q, k, v = q.double(), k.double(), v.double()
+        m = torch.full((q.size(0), 1), -math.inf, dtype=torch.float64)
+        ell, o = torch.zeros_like(m), torch.zeros(q.size(0), v.size(-1), dtype=torch.float64)
+        for start in range(0, k.size(0), block_k):
+            s = torch.einsum("qd,kd->qk", q, k[start:start + block_k]) / math.sqrt(q.size(-1))
+            m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+            p, alpha = torch.exp(s - m_new), torch.exp(m - m_new)
+            ell, o, m = alpha * ell + p.sum(-1, keepdim=True), alpha * o + p @ v[start:start + block_k], m_new
+        return o / ell
+    _passes(scale.check_flash_fix, flash_one_head, capsys)
+
+    @torch.no_grad()
+    def rows(q, k, v, block_k=16):
+        out = []
+        for qi in q:
+            m, ell, o = -math.inf, 0.0, torch.zeros(v.size(-1), dtype=q.dtype)
+            for start in range(0, k.size(0), block_k):
+                s = k[start:start + block_k] @ qi / math.sqrt(q.size(-1))
+                m_new = max(m, s.max().item())
+                p, alpha = torch.exp(s - m_new), math.exp(m - m_new)
+                ell, o, m = alpha * ell + p.sum(), alpha * o + p @ v[start:start + block_k], m_new
+            out.append(o / ell)
+        return torch.stack(out)
+    _passes(scale.check_flash_fix, rows, capsys)
+
+
+@pytest.mark.parametrize("knob, words", [
+    ("skip by tile index", "compare positions, not tile indices"),
+    ("skip from the first query", "FIRST query"),
+    ("skip one tile early", "diagonal key"),
+])
+def test_forward_skip_mistakes_are_named(knob, words):
+    def my_flash_forward(q, k, v, is_causal=False, block_q=32, block_k=32):
+        return mistakes.tiled_forward_variant(q.double(), k.double(), v.double(), is_causal, block_q,
+                                              block_k, knob)
+    _fails(scale.check_flash_forward, my_flash_forward, words)
+
+
+@pytest.mark.parametrize("fn, words", [
+    (lambda t, p, s: (t[p % s], p // s), "swapped: block_table[position % block_size]"),
+    (lambda t, p, s: (t[round(p / s)], p % s), "round(position / block_size)"),
+    (lambda t, p, s: (t[math.ceil(p / s)], p % s), "ceil("),
+    (lambda t, p, s: (t.index(p // s), p % s), "inverse map"),
+    (lambda t, p, s: (t[p / s], p % s), "true division"),
+    (lambda t, p, s: (t[p // s + 1], p % s), "one too large"),
+    (lambda t, p, s: (t[p // len(t)], p % s), "divided by the table's length"),
+])
+def test_locate_errors_and_mixups_are_named_by_what_is_observed(fn, words):
+    message = _fails(scale.check_locate, fn, "Observed: position", "cases match", words)
+    assert "Traceback" not in message
+
+
+def test_locate_index_error_says_the_block_index_and_the_table_length():
+    message = _fails(scale.check_locate, lambda t, p, s: (t[p % s], p // s), "raised IndexError",
+                     "it asked for block index 3 of a table with 3 blocks")
+    assert message.index("Observed") < message.index("cases match")
+
+
+def test_locate_in_other_styles_passes(capsys):
+    def locate(block_table, position, block_size):
+        n, slot = divmod(position, block_size)
+        return block_table[n], slot
+    _passes(scale.check_locate, locate, capsys)
+
+    def counting(block_table, position, block_size):
+        n = 0
+        while (n + 1) * block_size <= position:
+            n += 1
+        return [block_table[n], position - n * block_size]
+    _passes(scale.check_locate, counting, capsys)
+
+
+def test_merge_with_the_smaller_maximum_is_named():
+    def merge_states(m_a, ell_a, o_a, m_b, ell_b, o_b):
+        m = torch.minimum(m_a, m_b)
+        ref = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+        a, b = torch.exp(m_a - ref), torch.exp(m_b - ref)
+        return m, a * ell_a + b * ell_b, a[..., None] * o_a + b[..., None] * o_b
+    _fails(scale.check_merge_states, merge_states, "observed m = min(m_a, m_b)")
+
+
+@pytest.mark.parametrize("value, words", [
+    (32000 * 32000 * 4, "two things at once"), (768 * 32768 * 32, "size of Q"),
+])
+def test_score_bytes_names_two_miscounts_at_once(value, words):
+    _fails(scale.check_score_bytes, lambda: value, "two things at once", words)
+
+
+def test_forward_names_ell_rescaled_twice_and_a_missing_unsqueeze():
+    def twice(q, k, v, is_causal=False, block_q=32, block_k=32):
+        return mistakes.tiled_forward_variant(q.double(), k.double(), v.double(), is_causal, block_q,
+                                              block_k, "ell twice")
+    _fails(scale.check_flash_forward, twice, "ell is multiplied by exp(m - m_new) twice")
+
+    def flat(q, k, v, is_causal=False, block_q=32, block_k=32):
+        o = torch.zeros(q.shape[0], q.shape[1], block_q, v.size(-1), dtype=q.dtype)
+        alpha = torch.ones(q.shape[0], q.shape[1], block_q, dtype=q.dtype)
+        return alpha * o, None
+    _fails(scale.check_flash_forward, flat, "one per row", "(..., 16, 1)")
+
+
+def test_debug_measured_from_each_block_max_alone_is_refused_in_float32():
+    """alpha = exp(m - block max), which grows past float32 when a block's maximum drops by ~100."""
+    def flash_one_head(q, k, v, block_k=16):
+        m = torch.full((q.size(0),), float("-inf"), dtype=q.dtype)
+        ell = torch.zeros(q.size(0), dtype=q.dtype)
+        o = torch.zeros(q.size(0), v.size(-1), dtype=q.dtype)
+        for start in range(0, k.size(0), block_k):
+            s = q @ k[start:start + block_k].T / math.sqrt(q.size(-1))
+            top = s.amax(-1)
+            p, alpha = torch.exp(s - top[:, None]), torch.exp(m - top)
+            ell, o, m = alpha * ell + p.sum(-1), alpha[:, None] * o + p @ v[start:start + block_k], top
+        return o / ell[:, None]
+    _fails(scale.check_flash_fix, flash_one_head, "observed NaN/inf", "below an earlier block's")
+
+
+# --- held-out attempts (fix13d): more mistakes named by what is observed ------------------------
+
+def _min_ref_merge(m_a, ell_a, o_a, m_b, ell_b, o_b):
+    """Measured from the smaller maximum: exact on moderate scores, overflows when the maxima are far."""
+    m, lo = torch.maximum(m_a, m_b), torch.minimum(m_a, m_b)
+    ref = torch.where(torch.isinf(lo), m, lo)
+    ref = torch.where(torch.isinf(ref), torch.zeros_like(ref), ref)
+    a, b = torch.exp(m_a - ref), torch.exp(m_b - ref)
+    back = torch.exp(ref - torch.where(torch.isinf(m), torch.zeros_like(m), m))
+    return m, (a * ell_a + b * ell_b) * back, (a[..., None] * o_a + b[..., None] * o_b) * back[..., None]
+
+
+def test_merge_from_the_smaller_maximum_is_refused_where_the_maxima_are_far_apart():
+    message = _fails(scale.check_merge_states, _min_ref_merge, "Observed", "NaN or inf", "apart",
+                     "709")
+    assert "minimum" not in message and "max(" not in message
+
+
+def test_merge_with_ell_in_log_space_is_named():
+    def merge_states(m_a, ell_a, o_a, m_b, ell_b, o_b):
+        m = torch.maximum(m_a, m_b)
+        ref = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+        a, b = torch.exp(m_a - ref), torch.exp(m_b - ref)
+        ell = torch.logaddexp(torch.log(a * ell_a), torch.log(b * ell_b))
+        return m, ell, a[..., None] * o_a + b[..., None] * o_b
+    _fails(scale.check_merge_states, merge_states, "natural log of the merged sum")
+
+
+def test_merge_guarded_in_loops_and_float32_inside_far_maxima_pass(capsys):
+    def merge_states(m_a, ell_a, o_a, m_b, ell_b, o_b):  # one row at a time, math.exp
+        m, ell, o = torch.empty_like(m_a), torch.empty_like(ell_a), torch.empty_like(o_a)
+        for i in range(m_a.numel()):
+            ma, mb = m_a.reshape(-1)[i].item(), m_b.reshape(-1)[i].item()
+            top = max(ma, mb)
+            fa = 0.0 if ma == -math.inf else math.exp(ma - top)
+            fb = 0.0 if mb == -math.inf else math.exp(mb - top)
+            m.view(-1)[i] = top
+            ell.view(-1)[i] = fa * ell_a.reshape(-1)[i] + fb * ell_b.reshape(-1)[i]
+            rows_a, rows_b = o_a.reshape(-1, o.size(-1)), o_b.reshape(-1, o.size(-1))
+            o.view(-1, o.size(-1))[i] = fa * rows_a[i] + fb * rows_b[i]
+        return m, ell, o
+    _passes(scale.check_merge_states, merge_states, capsys)
+
+
+@pytest.mark.parametrize("knob, words", [
+    ("o rescaled after adding", "o = exp(m - m_new) * (o + the new block's p @ v)"),
+    ("p from old max", "measured from the previous maximum m"),
+    ("block normalised", "divided by that block's own sum"),
+    ("scale from v", "sqrt(d_v), the width of v"),
+])
+def test_debug_held_out_mistakes_are_named(knob, words):
+    message = _fails(scale.check_flash_fix, _one_head_variant(knob), "Not yet", "your output equals",
+                     words)
+    assert "show_solution" not in message
+
+
+def test_debug_m_updated_before_the_rescale_is_named_by_its_factor_of_one():
+    def flash_one_head(q, k, v, block_k=16):
+        m = torch.full((q.size(0),), float("-inf"), dtype=q.dtype)
+        ell = torch.zeros(q.size(0), dtype=q.dtype)
+        o = torch.zeros(q.size(0), v.size(-1), dtype=q.dtype)
+        for start in range(0, k.size(0), block_k):
+            s = q @ k[start:start + block_k].T / math.sqrt(q.size(-1))
+            m_new = torch.maximum(m, s.amax(dim=-1))
+            p = torch.exp(s - m_new[:, None])
+            ell = torch.exp(m - m_new) * ell + p.sum(dim=-1)
+            m = m_new
+            o = torch.exp(m - m_new)[:, None] * o + p @ v[start:start + block_k]
+        return o / ell[:, None]
+    message = _fails(scale.check_flash_fix, flash_one_head, "exactly 1", "print m and m_new")
+    assert "show_solution" not in message
+    # the untouched loop (no factor on o at all) still gets the first, observed message
+    _fails(scale.check_flash_fix, flash_one_head_buggy, "differs from exact attention")
+
+
+def test_debug_float32_round_off_in_a_float64_case_is_said():
+    def flash_one_head(q, k, v, block_k=16):
+        out = mistakes.one_head_loop(q.float(), k.float(), v.float(), block_k).to(q.dtype)
+        return out + 3e-5 * (q.dtype == torch.float64)  # a float32-sized error, above 2e-5
+    _fails(scale.check_flash_fix, flash_one_head, "float32 round-off")
+
+
+@pytest.mark.parametrize("knob, words", [
+    ("both inverted", "exp(m_new - m) >= 1"), ("lse last tile", "last tile of keys alone"),
+    ("lse is max", "largest score"),
+])
+def test_forward_held_out_mistakes_are_named(knob, words):
+    def my_flash_forward(q, k, v, is_causal=False, block_q=32, block_k=32):
+        if knob == "lse is max":
+            return _tiled_forward(lse_is_max=True)(q, k, v, is_causal, block_q, block_k)
+        return mistakes.tiled_forward_variant(q.double(), k.double(), v.double(), is_causal, block_q,
+                                              block_k, knob)
+    _fails(scale.check_flash_forward, my_flash_forward, "Likely mistake", words)
+
+
+def _forward_dropping(queries: bool, keys: bool):
+    """The tiled loop whose ranges stop before the partial query and/or key tile (torch.empty out)."""
+    inner = _tiled_forward()
+
+    def my_flash_forward(q, k, v, is_causal=False, block_q=32, block_k=32):
+        L_q, L_k = q.size(2), k.size(2)
+        full_q = L_q - L_q % block_q if queries else L_q
+        full_k = L_k - L_k % block_k if keys else L_k
+        out, lse = inner(q[:, :, :full_q], k[:, :, :full_k], v[:, :, :full_k], is_causal, block_q,
+                         block_k)
+        whole_out = torch.full((*q.shape[:3], v.size(-1)), float("nan"), dtype=q.dtype)
+        whole_lse = torch.zeros(q.shape[:3], dtype=q.dtype)
+        whole_out[:, :, :full_q], whole_lse[:, :, :full_q] = out, lse
+        return whole_out, whole_lse
+    return my_flash_forward
+
+
+@pytest.mark.parametrize("queries, keys, words", [
+    (True, True, ["never read", "partial query tile, queries 32..36", "NaN or inf"]),
+    (False, True, ["keys 0..47 only", "never read"]),
+    (True, False, ["partial query tile", "rows before them are right"]),
+])
+def test_forward_partial_tiles_left_out_are_named(queries, keys, words):
+    _fails(scale.check_flash_forward, _forward_dropping(queries, keys), "observed", *words)
+
+
+def test_forward_float32_round_off_is_said_and_float64_styles_pass(capsys):
+    inner = _tiled_forward()
+
+    def my_flash_forward(q, k, v, is_causal=False, block_q=32, block_k=32):
+        out, lse = inner(q.float(), k.float(), v.float(), is_causal, block_q, block_k)
+        return out.to(q.dtype), lse.to(q.dtype)
+    message = _fails(scale.check_flash_forward, my_flash_forward, "float32 round-off",
+                     "come back as float64")
+    assert "Likely mistake" not in message
+
+    def returns_float32(q, k, v, is_causal=False, block_q=32, block_k=32):
+        return inner(q.float(), k.float(), v.float(), is_causal, block_q, block_k)
+    _fails(scale.check_flash_forward, returns_float32, "out is returned as torch.float32")

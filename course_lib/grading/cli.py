@@ -42,6 +42,7 @@ from .runner import (
     Settings,
     become_subreaper,
     configure_worker,
+    descendants,
     end_processes,
     grade_submission,
     needed_under_tmp,
@@ -221,10 +222,14 @@ def main(argv: list[str] | None = None) -> int:
                         scratch_root=scratch_root, socket_root=sockets, hidden=hidden, max_notebook_bytes=max_bytes,
                         seed=secrets.randbits(30))  # the re-check's seeds: one fresh draw per batch
     start = time.monotonic()
+    already = set(descendants(os.getpid()))  # (a caller's own processes, e.g. a test runner's)
     become_subreaper()
     try:
         rows = grade_all(paths, settings, workers, contents, sizes) if paths else []
     finally:  # here, not in the workers: a worker killed mid-run removes nothing
+        # a worker's leftovers (bwrap around a kernel) are this process's now: end and reap them,
+        # or they stay as zombies of whoever called main()
+        end_processes(already)
         shutil.rmtree(scratch_root, ignore_errors=True)
         if sockets:
             shutil.rmtree(sockets, ignore_errors=True)

@@ -565,7 +565,7 @@ def recheck(spec, seed, limit, restore, nonce, solutions_dir, cells, user_ns=Non
             raised = False
             poisoned = _poison_solutions(solutions_dir, used)
             try:
-                with contextlib.redirect_stdout(printed), _reseeded(seed), _no_trace_switch(used):
+                with contextlib.redirect_stdout(printed), _reseeded(seed), _no_trace_switch(used, tracer):
                     eval(call, namespace)
             except GraderTimeout as err:
                 raised, message = True, f"Timed out: {_text(err)}."
@@ -689,9 +689,11 @@ def _unpoison(poisoned):
             owner.__code__ = what
 
 
-def _no_trace_switch(used):
+def _no_trace_switch(used, tracer):
     """A context in which ``sys.settrace`` and ``threading.settrace`` record a call (in ``used``) and
-    do nothing: the learner's code cannot switch off the grader's tracer by them."""
+    do nothing: the learner's code cannot switch off the grader's tracer by them. Setting the
+    grader's own ``tracer`` goes through: a thread the checked code starts sets it so
+    (``threading.Thread`` calls ``sys.settrace`` with the hook ``threading.settrace`` left)."""
     import contextlib
     import threading
 
@@ -699,10 +701,16 @@ def _no_trace_switch(used):
     def guarded():
         real = sys.settrace, threading.settrace
 
-        def switched(*args, **kwargs):  # noqa: ARG001
-            used.append("code that switched off the grader's tracing")
+        def guard(setter):
+            def switched(function, *args, **kwargs):
+                if function is tracer:
+                    return setter(function, *args, **kwargs)
+                used.append("code that switched off the grader's tracing")
+                return None
 
-        sys.settrace = threading.settrace = switched
+            return switched
+
+        sys.settrace, threading.settrace = guard(real[0]), guard(real[1])
         try:
             yield
         finally:

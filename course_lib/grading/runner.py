@@ -290,7 +290,7 @@ def _client(nb: Any, scratch: Path, sockets: Path, settings: Settings) -> Any:
     return client
 
 
-def _descendants(pid: int) -> list[int]:
+def descendants(pid: int) -> list[int]:
     """Every living process below ``pid`` (Linux /proc; empty elsewhere)."""
     children: dict[int, list[int]] = {}
     try:
@@ -321,14 +321,14 @@ def end_processes(keep: set[int]) -> int:
     in a session of their own, are its descendants too."""
     killed = 0
     deadline = time.monotonic() + 2  # a shut-down kernel (and bwrap around it) first ends by itself
-    while time.monotonic() < deadline and [p for p in _descendants(os.getpid()) if p not in keep and _alive(p)]:
+    while time.monotonic() < deadline and [p for p in descendants(os.getpid()) if p not in keep and _alive(p)]:
         try:
             os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
             pass
         time.sleep(0.02)
     for _ in range(50):
-        pids = [p for p in _descendants(os.getpid()) if p not in keep]
+        pids = [p for p in descendants(os.getpid()) if p not in keep]
         if not pids:
             break
         for pid in pids:
@@ -344,7 +344,7 @@ def end_processes(keep: set[int]) -> int:
             except ChildProcessError:
                 break
             if pid == 0:
-                if not [p for p in _descendants(os.getpid()) if p not in keep and _alive(p)]:
+                if not [p for p in descendants(os.getpid()) if p not in keep and _alive(p)]:
                     break
                 time.sleep(0.02)
     return killed
@@ -595,7 +595,7 @@ def grade_submission(path: Path, settings: Settings, lessons: dict[str, Lesson] 
     row.lesson = lesson_id
     row.status = _structure(nb, lesson)
     moved = _moved_stubs(nb, lesson)
-    keep = set(_descendants(os.getpid()))
+    keep = set(descendants(os.getpid()))
     scratch = Path(tempfile.mkdtemp(prefix=f"grade-{secrets.token_hex(4)}-", dir=settings.scratch_root))
     sockets = scratch / "ipc"
     try:
@@ -676,4 +676,4 @@ def configure_worker(threads: int) -> None:
 
 
 __all__ = ["Settings", "Graded", "grade_submission", "read_notebook", "MAX_NOTEBOOK_MB", "RECHECK_SECONDS",
-           "configure_worker", "become_subreaper", "end_processes", "STATUS_ORDER", "NOTEBOOK_DIR"]
+           "configure_worker", "become_subreaper", "descendants", "end_processes", "STATUS_ORDER", "NOTEBOOK_DIR"]

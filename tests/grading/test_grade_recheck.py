@@ -100,6 +100,12 @@ ACCEPTED = {
                            "    def forward(self, x):\n        mean = x.mean(dim=-1, keepdim=True)\n"
                            "        var = torch.var(x, dim=-1, keepdim=True, unbiased=False)\n"
                            "        return (x - mean) / torch.sqrt(var + self.eps) * self.weight + self.bias\n"),
+    # a thread started while the answer is checked is traced as well, and a correct answer made on
+    # it counts (the guard on sys.settrace lets the grader's own tracer through)
+    "computed_on_a_thread": (GRADIENT, "from concurrent.futures import ThreadPoolExecutor\n"
+                             "def predicted_gradient():\n"
+                             "    with ThreadPoolExecutor(1) as pool:\n"
+                             "        return pool.submit(lambda: [2.0, 4.0, 6.0]).result()\n"),
     "magic_and_last_expression": (KV_BYTES, "%precision 3\nimport math\n"
                                   "def predicted_kv_bytes():\n    return math.prod([2, 3, 2, 16, 50, 5, 4])\n"
                                   "predicted_kv_bytes()\n"),
@@ -272,6 +278,11 @@ FAKES = {
                                     "_st = sys.settrace\n"
                                     "def predicted_gradient():\n    t = sys.gettrace()\n    _st(None)\n"
                                     "    try:\n        return _s()\n    finally:\n        _st(t)\n"),
+    "solution_on_a_thread": ("from concurrent.futures import ThreadPoolExecutor\n"
+                             "from course_lib.solutions.lesson00 import predicted_gradient as _s\n"
+                             "def predicted_gradient():\n"
+                             "    with ThreadPoolExecutor(1) as pool:\n"
+                             "        return pool.submit(_s).result()\n"),
     "pyeval_settrace_by_ctypes": ("import ctypes\nfrom course_lib.solutions.lesson00 import predicted_gradient as _s\n"
                                   "def predicted_gradient():\n"
                                   "    ctypes.pythonapi.PyEval_SetTrace(None, None)\n    return _s()\n"),

@@ -84,3 +84,18 @@ def as_library(fn, module: str):
     impostor = namespace[fn.__name__]
     impostor.__module__ = module
     return impostor
+
+
+def running_children() -> list:
+    """This process's descendants that still run: a zombie has ended (another module's child, not
+    yet reaped by its owner) and a process gone meanwhile is not counted."""
+    import psutil
+
+    running = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if child.status() != psutil.STATUS_ZOMBIE:
+                running.append(child)
+        except psutil.NoSuchProcess:
+            pass
+    return running

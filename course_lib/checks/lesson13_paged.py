@@ -29,11 +29,11 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .. import paged
 from .common import CheckFailure, calls_to, checker, is_course_lib, one_thread, time_limit
+from .lesson13_scale import SdpaWatch
 
 __all__ = ["check_paged_attention"]
 
@@ -276,19 +276,6 @@ class _Watch(TorchDispatchMode):
         return out
 
 
-class _SdpaWatch(TorchFunctionMode):
-    """Records whether ``F.scaled_dot_product_attention`` is called (any backend)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.called = False
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
-        if func is F.scaled_dot_product_attention:
-            self.called = True
-        return func(*args, **(kwargs or {}))
-
-
 def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     if not torch.isfinite(a).all():
         return math.inf
@@ -333,7 +320,7 @@ def _check_paged_attention(fn: Callable[..., Any]) -> None:
     for n, (case, bs, kv, heads, d, length, num_blocks, table) in enumerate(_CASES):
         q, k_blocks, v_blocks, table, length = _inputs(n)
         given = (q.clone(), k_blocks.clone(), v_blocks.clone(), list(table), length)
-        watch, sdpa = _Watch(), _SdpaWatch()
+        watch, sdpa = _Watch(), SdpaWatch()
         try:
             with calls_to([paged.paged_attention, paged.PagedKVCache.read]) as seen, sdpa, watch:
                 got = _call(fn, given, case)

@@ -115,7 +115,7 @@ def _refuse(fn: Any, what: str) -> list[Callable[..., Any]]:
             paged.PagedKVCache.read, flex_attention]
 
 
-class _FusedWatch(TorchFunctionMode):
+class SdpaWatch(TorchFunctionMode):
     """Records whether ``F.scaled_dot_product_attention`` is called (any backend, any dtype)."""
 
     def __init__(self) -> None:
@@ -431,7 +431,7 @@ def _check_flash_fix(fn: Callable[..., Any]) -> None:
     refused = _refuse(fn, "repair the loop of flash_one_head instead.")
     for n, (case, L_q, L_k, d, d_v, block_k, grows) in enumerate(_FIX_CASES):
         q, k, v = _fix_inputs(n)
-        watch, fused = _Watch(), _FusedWatch()
+        watch, fused = _Watch(), SdpaWatch()
         with calls_to(refused) as seen, fused, watch:
             got = _call(fn, q, k, v, block_k=block_k, case=case, rows=(L_q, d_v, "o"))
         if seen or watch.fused or fused.called:
@@ -564,7 +564,7 @@ def _check_flash_forward(fn: Callable[..., Any]) -> None:
     for n, (case, B, h, L_q, L_k, d, causal, bq, bk, dtype) in enumerate(_FORWARD_CASES):
         q, k, v = _forward_inputs(n)
         given = [t.clone() for t in (q, k, v)]
-        watch, fused = _Watch(), _FusedWatch()
+        watch, fused = _Watch(), SdpaWatch()
         with calls_to(refused) as seen, fused, watch:
             got = _call(fn, *given, is_causal=causal, block_q=bq, block_k=bk, case=case,
                         hint="q, k, v are (B, h, L, head_dim); return (out, lse).",

@@ -5,10 +5,10 @@ errors, and its timeline records every bucket's all-reduce. No process is left."
 
 from __future__ import annotations
 
-import psutil
 import pytest
 import torch
 import torch.distributed as dist
+from _helpers import running_children
 from torch import nn
 
 from course_lib.data_parallel import (
@@ -22,20 +22,7 @@ from course_lib.parallel import random_batches, rank_share, tiny_gpt, train_one_
 @pytest.fixture(autouse=True)
 def no_process_left():
     yield
-    assert _running_children() == [], "a test left a process running"
-
-
-def _running_children() -> list:
-    """This process's descendants that still run: a zombie has ended (another module's child, not
-    yet reaped by its owner) and a process gone meanwhile is not counted."""
-    running = []
-    for child in psutil.Process().children(recursive=True):
-        try:
-            if child.status() != psutil.STATUS_ZOMBIE:
-                running.append(child)
-        except psutil.NoSuchProcess:
-            pass
-    return running
+    assert running_children() == [], "a test left a process running"
 
 
 @pytest.fixture(scope="module", autouse=True)

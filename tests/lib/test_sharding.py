@@ -4,10 +4,10 @@ counted per training step (DDP 2Ψ, ZeRO-1 3Ψ or 2Ψ, FSDP2 about 3Ψ)."""
 
 from __future__ import annotations
 
-import psutil
 import pytest
 import torch
 import torch.distributed as dist
+from _helpers import running_children
 from torch import nn
 
 from course_lib.launch import run_on_ranks
@@ -26,20 +26,7 @@ OPTIMIZERS = {
 @pytest.fixture(autouse=True)
 def no_process_left():
     yield
-    assert _running_children() == [], "a test left a process running"
-
-
-def _running_children() -> list:
-    """This process's descendants that still run: a zombie has ended (another module's child, not
-    yet reaped by its owner) and a process gone meanwhile is not counted."""
-    running = []
-    for child in psutil.Process().children(recursive=True):
-        try:
-            if child.status() != psutil.STATUS_ZOMBIE:
-                running.append(child)
-        except psutil.NoSuchProcess:
-            pass
-    return running
+    assert running_children() == [], "a test left a process running"
 
 
 def _model():

@@ -3,9 +3,10 @@ lengths, each size in a fresh process, stored per float path in
 course_lib/results/flash_memory.json.
 
     python scripts/flash_memory.py                 (make flash-memory: L = 1k..16k, 32k without
-                                                    the naive version; about 5 min on 2 cores)
+                                                    the naive version; about 10 min on 2 cores)
     python scripts/flash_memory.py --extras        (only the profile and FlexAttention's timings)
-    python scripts/flash_memory.py --one tiled 4096   (one measurement, printed as JSON)
+    python scripts/flash_memory.py --one tiled 4096 [5]   (one measurement, printed as JSON; times
+                                                    the fastest of 5 passes)
 
 Three versions of the same attention (one sequence, one head, head_dim 64, float32, no mask):
 ``naive`` (lesson 01's, the whole L x L score matrix), ``tiled`` (course_lib.flash, FlashAttention-2
@@ -59,8 +60,9 @@ def _peak_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
 
 
-def measure_one(version: str, L: int) -> dict:
-    """Peak memory (bytes above the level before) and seconds of one forward and one backward."""
+def measure_one(version: str, L: int, repeats: int = 1) -> dict:
+    """Peak memory (bytes above the level before) of the first forward and backward pass, and the
+    seconds of the fastest of ``repeats`` forward and backward passes."""
     attend = attention(version)
     small = [torch.randn(1, 1, 2 * BLOCK, HEAD_DIM, requires_grad=True) for _ in range(3)]
     warm = attend(*small)
@@ -69,13 +71,19 @@ def measure_one(version: str, L: int) -> dict:
     q, k, v = (torch.randn(1, 1, L, HEAD_DIM, generator=gen).requires_grad_() for _ in range(3))
     d_out = torch.randn(1, 1, L, HEAD_DIM, generator=gen)
     before = _peak_bytes()
-    start = time.perf_counter()
-    out = attend(q, k, v)
-    forward = time.perf_counter() - start
-    start = time.perf_counter()
-    out.backward(d_out)
-    backward = time.perf_counter() - start
-    return {"version": version, "L": L, "peak_bytes": _peak_bytes() - before,
+    forward = backward = float("inf")
+    for repeat in range(repeats):
+        start = time.perf_counter()
+        out = attend(q, k, v)
+        forward = min(forward, time.perf_counter() - start)
+        start = time.perf_counter()
+        out.backward(d_out)
+        backward = min(backward, time.perf_counter() - start)
+        if repeat == 0:
+            peak = _peak_bytes() - before
+        del out
+        q.grad = k.grad = v.grad = None
+    return {"version": version, "L": L, "peak_bytes": peak,
             "forward_s": round(forward, 4), "backward_s": round(backward, 4)}
 
 
@@ -90,7 +98,7 @@ def available_bytes() -> int:
     return 1 << 50
 
 
-def run_fresh(version: str, L: int) -> dict:
+def run_fresh(version: str, L: int, fixed_heap: bool = False, repeats: int = 1) -> dict:
     """``measure_one`` in a new Python process, so that no earlier size's peak hides this one's.
 
     FlexAttention's run gets an empty inductor cache: otherwise a compile cached on disk by an
@@ -101,13 +109,18 @@ def run_fresh(version: str, L: int) -> dict:
     size counts them: the tiled pass's many short-lived tile temporaries then showed a peak that
     moved by a few MiB from run to run (8k: 12.8, 16.1 and 17.2 MiB in three runs). With the
     threshold fixed at 64 KiB, blocks that large go back to the system when freed (8k: 10.0 MiB, 16k:
-    18.7 MiB); other C libraries ignore the variable."""
-    env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads()), "MALLOC_MMAP_THRESHOLD_": "65536"}
+    18.7 MiB); other C libraries ignore the variable. That threshold also makes every tile's
+    allocation a system call and a page fault, which slowed the tiled pass 2.3-2.5x at 8k-16k (16k forward:
+    6.4 s instead of 2.8 s); so ``fixed_heap=False`` (the times) runs with the allocator a learner's
+    process has, and only the peak memory is read from a process with the fixed threshold."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads())}
+    if fixed_heap:
+        env["MALLOC_MMAP_THRESHOLD_"] = "65536"
     with tempfile.TemporaryDirectory() as cache:
         if version == "flex":
             env["TORCHINDUCTOR_CACHE_DIR"] = cache
-        result = subprocess.run([sys.executable, __file__, "--one", version, str(L)], capture_output=True,
-                                text=True, check=True, env=env)
+        result = subprocess.run([sys.executable, __file__, "--one", version, str(L), str(repeats)],
+                                capture_output=True, text=True, check=True, env=env)
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
@@ -176,7 +189,7 @@ def measure_flex(L: int = 1024, heads: int = 4) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--one", nargs=2, metavar=("VERSION", "L"))
+    parser.add_argument("--one", nargs="+", metavar="VERSION L [REPEATS]")
     parser.add_argument("--lengths", type=int, nargs="+", default=LENGTHS)
     parser.add_argument("--extras", action="store_true",
                         help="only the profile and FlexAttention's compile time (the memory runs stay)")
@@ -186,7 +199,8 @@ def main() -> None:
         if args.one[0] == "flex":
             print(json.dumps(measure_flex(int(args.one[1]))))
         else:
-            print(json.dumps(measure_one(args.one[0], int(args.one[1]))))
+            repeats = int(args.one[2]) if len(args.one) > 2 else 1
+            print(json.dumps(measure_one(args.one[0], int(args.one[1]), repeats)))
         return
     runs = []
     for L in [] if args.extras else args.lengths:
@@ -198,7 +212,10 @@ def main() -> None:
                 print(f"  L={L:6d} {version:6s} skipped: needs about {need / 2**30:.1f} GiB, "
                       f"{available_bytes() / 2**30:.1f} GiB available now")
                 continue
-            run = run_fresh(version, L)
+            # the times, with the allocator a learner's process has: the fastest of 5 passes up to
+            # 8k, where one pass takes milliseconds and one slow pass would decide the plot
+            run = run_fresh(version, L, repeats=5 if L <= 8192 else 1)
+            run["peak_bytes"] = run_fresh(version, L, fixed_heap=True)["peak_bytes"]
             runs.append(run)
             print(f"  L={L:6d} {version:6s} peak {run['peak_bytes'] / 2**20:8.1f} MiB, forward "
                   f"{run['forward_s']:.3f} s, backward {run['backward_s']:.3f} s", flush=True)

@@ -7,6 +7,10 @@ Submissions are lesson notebooks edited programmatically: a stub replaced by its
 added, edited, deleted or moved. Most are lesson 00 (the shortest lesson to run); one each of
 lessons 01 and 02 make three lessons. ``SLOW`` submissions need a short cell time limit (endless loops)
 and are graded in a second run.
+
+Each kernel costs seconds (a fresh Python, torch, course_lib), so where the grader's path is the same,
+one notebook carries several cases, one per exercise (or cells that must change nothing, together):
+``Submission.cases`` names them, and its expected row is what each case alone gives its exercise.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ GRADIENT_MISTAKES = {
 # (a failed check, its message and mistake name carried out of the kernel); squares is the one other
 # tests pick (feedback, shards, Gradescope), None the one answer that is not a list of numbers.
 # tests/grading/test_grade.py puts the checker's verdict on every one of them through the report in-process.
+# squares is graded alone (mistake_squares); none shares a notebook with a faked broadcast exercise.
 KERNEL_MISTAKES = ("squares", "none")
 
 
@@ -51,6 +56,10 @@ class Submission:
     marks: dict[str, int]  # expected grades.csv cells of its lesson
     status: str
     suffix: str = ".ipynb"
+    cases: tuple[str, ...] = ()  # the cases it carries (one per exercise, or harmless cells together)
+
+    def __post_init__(self):
+        self.cases = self.cases or (self.student,)
 
 
 def lesson(number: str) -> nbformat.NotebookNode:
@@ -89,54 +98,58 @@ def build() -> tuple[list[Submission], list[Submission]]:
     """(the class graded with the usual limits, the submissions graded with a short cell limit)."""
     s: list[Submission] = []
 
-    def add(student, nb, marks, status="graded", lesson_id="00"):
+    def add(student, nb, marks, status="graded", lesson_id="00", cases=()):
         keys = {"00": L00, "01": L01, "02": L02}[lesson_id]
-        s.append(Submission(student, nbformat.writes(nb), lesson_id, dict(zip(keys, marks)), status))
+        s.append(Submission(student, nbformat.writes(nb), lesson_id, dict(zip(keys, marks)), status,
+                            cases=cases))
 
     add("correct", solve(lesson("00"), *L00), [1, 1, 1])
-    other_style = solve(lesson("00"), *L00)
-    edit(other_style, "def predicted_broadcast_shape", "def predicted_broadcast_shape():\n    return [2, 3, 4]\n")
-    edit(other_style, "def predicted_gradient", "def predicted_gradient():\n    return torch.tensor([2., 4., 6.])\n")
-    add("correct_other_style", other_style, [1, 1, 1])
     add("partial", solve(lesson("00"), "00.broadcast"), [1, 0, 0])
     add("not_attempted", lesson("00"), [0, 0, 0])
-    for name in KERNEL_MISTAKES:
-        answer = GRADIENT_MISTAKES[name][0]
-        add(f"mistake_{name}", solve(solve(lesson("00"), *L00), "00.gradient", source=GRADIENT.format(answer)),
-            [1, 0, 1])
+    name = KERNEL_MISTAKES[0]  # (the other one: fake_deleted_check_mistake_none below)
+    add(f"mistake_{name}", solve(solve(lesson("00"), *L00), "00.gradient",
+                                 source=GRADIENT.format(GRADIENT_MISTAKES[name][0])), [1, 0, 1])
+    # right in another style (a list, a tensor), and the solution of 00.broadcast shown before it
     peek = solve(lesson("00"), *L00)
+    edit(peek, "def predicted_broadcast_shape", "def predicted_broadcast_shape():\n    return [2, 3, 4]\n")
+    edit(peek, "def predicted_gradient", "def predicted_gradient():\n    return torch.tensor([2., 4., 6.])\n")
     peek.cells.insert(index_of(peek, "def predicted_broadcast_shape"), new_code_cell('show_solution("00.broadcast")'))
-    add("peeked", peek, [1, 1, 1])
+    add("peeked", peek, [1, 1, 1], cases=("correct_other_style", "peeked"))
+    # cells that must change nothing, together: exercise metadata stripped, sys.exit, files deleted
     stripped = solve(lesson("00"), *L00)
     for cell in stripped.cells:
         cell.metadata.pop("exercise", None)
-    add("metadata_stripped", stripped, [1, 1, 1])
+    insert_after(stripped, IMPORTS, "import os\nfor f in os.listdir('.'):\n    os.remove(f)")
+    insert_after(stripped, IMPORTS, "import sys\nsys.exit('bye')")
+    add("metadata_stripped", stripped, [1, 1, 1], cases=("metadata_stripped", "sys_exit", "deletes_files"))
 
     wrong = "def predicted_broadcast_shape():\n    return (3, 1, 4)\n"
-    fake = solve(solve(lesson("00"), "00.gradient", "00.parameters"), "00.broadcast", source=wrong)
-    edit(fake, "check_broadcast_shape(", 'print("check_broadcast_shape: right, (2, 3, 4).")')
-    add("fake_edited_check", fake, [0, 1, 1])
-    fake = solve(solve(lesson("00"), "00.gradient", "00.parameters"), "00.broadcast", source=wrong)
+    fake = solve(solve(lesson("00"), "00.parameters"), "00.broadcast", source=wrong)
     del fake.cells[index_of(fake, "check_broadcast_shape(")]
-    add("fake_deleted_check", fake, [0, 1, 1])
+    solve(fake, "00.gradient", source=GRADIENT.format(GRADIENT_MISTAKES[KERNEL_MISTAKES[1]][0]))
+    add("fake_deleted_check_mistake_none", fake, [0, 0, 1], cases=("fake_deleted_check", "mistake_none"))
     fake = solve(solve(lesson("00"), "00.gradient", "00.parameters"), "00.broadcast", source=wrong)
     insert_after(fake, IMPORTS, "import course_lib.checks as checks\nfrom course_lib.checks import common\n"
                  "has_passed = checks.has_passed = common.has_passed = lambda obj: True\n"
                  "check_broadcast_shape = checks.check_broadcast_shape = lambda *args: print('right')\n"
                  "common.compare = lambda *args, **kwargs: None")
     add("fake_monkeypatch", fake, [0, 1, 1])
-    fake = solve(solve(lesson("00"), "00.gradient", "00.parameters"), "00.broadcast", source=wrong)
+    # torch patched for 00.broadcast; course_lib's reference answer for 00.parameters
+    fake = solve(solve(lesson("00"), "00.gradient"), "00.broadcast", source=wrong)
     insert_after(fake, IMPORTS, "torch.broadcast_shapes = lambda *shapes: torch.Size([3, 1, 4])")
-    add("fake_patched_torch", fake, [0, 1, 1])
-    fake = solve(lesson("00"), *L00)
-    edit(fake, "def predicted_broadcast_shape",
-         'def predicted_broadcast_shape():\n    return predicted_answer("00.broadcast")\n')
-    add("fake_reference_answer", fake, [0, 1, 1])
+    solve(fake, "00.parameters",
+          source='def predicted_parameter_count():\n    return predicted_answer("00.parameters")\n')
+    add("fake_patched_torch_reference_answer", fake, [0, 1, 0],
+        cases=("fake_patched_torch", "fake_reference_answer"))
+    # compare patched while 00.broadcast is checked; 00.parameters wrong, its check cell edited to say right
     fake = solve(lesson("00"), "00.gradient", "00.parameters")
     insert_after(fake, "def predicted_broadcast_shape", "def predicted_broadcast_shape():\n"
                  "    import course_lib.checks.common as c\n"
                  "    c.compare = lambda *a, **k: None\n    return (3, 1, 4)\n")
-    add("fake_patch_while_checked", fake, [0, 1, 1])
+    solve(fake, "00.parameters", source="def predicted_parameter_count():\n    return 7\n")
+    edit(fake, "check_parameter_count(", 'print("check_parameter_count: right, 7.")')
+    add("fake_patch_while_checked_edited_check", fake, [0, 1, 0],
+        cases=("fake_patch_while_checked", "fake_edited_check"))
 
     s.append(Submission("not_a_notebook", "this is my homework, sorry, Word ate it\n", "", {}, "not a notebook"))
     other = new_notebook(cells=[new_code_cell("print('a notebook of another course')")])
@@ -154,9 +167,6 @@ def build() -> tuple[list[Submission], list[Submission]]:
         [0, 0, 0], "kernel died")
     add("segfault", insert_after(solve(lesson("00"), *L00), IMPORTS, "import ctypes\nctypes.string_at(0)"),
         [0, 0, 0], "kernel died")
-    add("sys_exit", insert_after(solve(lesson("00"), *L00), IMPORTS, "import sys\nsys.exit('bye')"), [1, 1, 1])
-    add("deletes_files", insert_after(solve(lesson("00"), *L00), IMPORTS,
-                                      "import os\nfor f in os.listdir('.'):\n    os.remove(f)"), [1, 1, 1])
     add("huge_output", insert_after(solve(lesson("00"), *L00), IMPORTS,
                                     "for i in range(60_000):\n    print('spam ' * 20)"), [1, 1, 1],
         "output too large")
@@ -164,7 +174,6 @@ def build() -> tuple[list[Submission], list[Submission]]:
         lesson_id="02")
 
     # --- issue 40: processes, kernels, sabotage, fakes ------------------------------------------
-    add("spawns_processes", insert_after(solve(lesson("00"), *L00), IMPORTS, SPAWN), [1, 1, 1])
     # json.dumps is also what the kernel's own messages are made with: the kernel stops talking
     add("sabotage_json", insert_after(solve(lesson("00"), *L00), IMPORTS,
                                       'import json\njson.dump = lambda o, fp, *a, **k: fp.write("{")\n'
@@ -184,9 +193,12 @@ def build() -> tuple[list[Submission], list[Submission]]:
     add("fakes_f_d", insert_after(moved, "def predicted_gradient", THREAD_NEW), [1, 0, 0], "stub moved")
     # (h) without the sandbox: its answer in a cell that ran earlier, found on disk in any scratch
     # folder of the run (a notebook copy, a history file) would be copied: nothing holds it
+    # ... in the notebook that also starts processes every way (they must all be ended)
     copier = solve(lesson("00"), "00.gradient", "00.parameters")
+    insert_after(copier, IMPORTS, SPAWN)
     insert_after(copier, IMPORTS, "# scratch canary 8675309\nanswer = (2, 3, 4)")
-    add("copies_from_scratch", solve(copier, "00.broadcast", source=SCRATCH_COPY), [0, 1, 1])
+    add("spawns_and_copies_from_scratch", solve(copier, "00.broadcast", source=SCRATCH_COPY), [0, 1, 1],
+        cases=("spawns_processes", "copies_from_scratch"))
     # (c) inspect.getsource of course_lib's reference, exec'd under the learner's name
     reference = solve(lesson("01"), "01.padding_mask")
     edit(reference, "def my_attention", "my_attention = scaled_dot_product_attention  # course_lib's")
@@ -210,7 +222,7 @@ def build_plain() -> list[Submission]:
     """The class graded with --sandbox none: the process and sabotage cases, and a kernel that
     kills its grader's worker (with the sandbox its parent is the sandbox's init, which it cannot kill)."""
     main, _ = build()
-    keep = {"spawns_processes", "forged_results", "copies_from_scratch"}
+    keep = {"spawns_and_copies_from_scratch", "forged_results"}
     s = [sub for sub in main if sub.student in keep]
     s.append(Submission("kills_grader", nbformat.writes(insert_after(solve(lesson("00"), *L00), IMPORTS,
                                                                      "import os, signal\nos.kill(os.getppid(), "

@@ -2,10 +2,12 @@
 
 The class (lessons 00, 01 and 02, mostly 00, the shortest to run) is graded in one call of
 ``python -m course_lib.grading`` with two workers and the sandbox where bwrap works (``auto``); an
-endless loop in a second call with a 5 s cell limit, started at the same time; then the process and
+endless loop in a second call with a 3 s cell limit, started at the same time; then the process and
 sabotage cases again with ``--sandbox none`` in a third. Each call gets a TMPDIR of its
 own, which must be empty afterwards; after them no process of the class (its marked sleeps, its
-kernels) is left. Two of the gradient mistakes lesson 00's checker names are graded in kernels;
+kernels) is left. Where the grader's path is the same, one notebook carries several cases, one
+per exercise (grade_class.py, ``Submission.cases``). Two of the gradient mistakes lesson 00's
+checker names are graded in kernels;
 every one of them goes through the report in this process, with the checker's own verdict.
 The re-check itself is tested in this process on every lesson's solutions (lesson 12 with the
 lesson's trained model): a correct answer gets 1 from every checker through it.
@@ -108,13 +110,13 @@ def graded(tmp_path_factory):
     write(slow, tmp / "slow")
     write(plain, tmp / "plain")
     before = (_digest(tmp / "class"), _digest(ROOT / "notebooks", "0[0-2]_*.ipynb"))  # the class's lessons
-    # The endless loop burns a core for its 5 s limit, twice (its cell, then the re-check); it runs
+    # The endless loop burns a core for its 3 s limit, twice (its cell, then the re-check); it runs
     # beside the class's call. The plain call comes after the class's: side by side, the two calls'
     # four workers oversubscribe the 2 cores that `make test` shares with the lessons (measured:
     # `make test` 13.2 min with them side by side). Lesson 00's slowest cell takes under 1 s.
     calls = []
     try:
-        calls.append(_start_grading(tmp / "out_slow", tmp / "slow", tmp / "tmp_slow", "--timeout", "5"))
+        calls.append(_start_grading(tmp / "out_slow", tmp / "slow", tmp / "tmp_slow", "--timeout", "3"))
         calls.append(_start_grading(tmp / "out", tmp / "class", tmp / TMP_CLASS,
                                     "--workers", "2", "--timeout", "120"))
         log = _finish_grading(calls[-1])
@@ -144,7 +146,8 @@ def _rows(path: Path) -> tuple[list[str], dict[str, dict[str, str]]]:
 
 def test_the_class_is_big_enough():
     main_class, slow = build()
-    assert len(main_class) + len(slow) >= 30
+    cases = [c for s in main_class + slow for c in s.cases]
+    assert len(cases) >= 30 and len(set(cases)) == len(cases)  # cases, several in some notebooks
     assert {s.lesson for s in main_class} >= {"00", "01", "02"}
 
 

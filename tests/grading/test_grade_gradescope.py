@@ -5,9 +5,10 @@ The zip is built by ``python -m course_lib.grading.gradescope``; its contents ar
 (gradescope-autograders.readthedocs.io, "Autograder Specifications"). setup.sh's installing is
 skipped: run_autograder runs with this venv's Python (``AUTOGRADER_PYTHON``) and the zip's own
 course_lib (its PYTHONPATH). Each submission gets its own root, as each gets its own container on
-Gradescope, and the runs go side by side: a correct, a wrong and a faked lesson-00 notebook
-(tests/grading/grade_class.py), and the five that must not crash: nothing submitted, no notebook, a
-notebook that is not one, another lesson's notebook, a notebook over the size limit (a sparse file).
+Gradescope, and the runs go side by side: a correct lesson-00 notebook, one with a wrong answer
+(00.gradient) and a faked check (00.broadcast) in one notebook (tests/grading/grade_class.py), and
+the five that must not crash: nothing submitted, no notebook, a notebook that is not one, another
+lesson's notebook, a notebook over the size limit (a sparse file).
 Those five are refused before any grader or kernel starts: ``nothing`` goes through run_autograder,
 the other four through the module it runs (``python -m course_lib.grading.gradescope_run``), called
 in this process on roots laid out the same way. Each results.json is checked against the
@@ -25,7 +26,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from grade_class import build, lesson, solve
+from grade_class import GRADIENT, GRADIENT_MISTAKES, build, edit, lesson, solve
 
 ROOT = Path(__file__).resolve().parents[2]
 VISIBILITY = {"hidden", "after_due_date", "after_published", "visible"}
@@ -80,9 +81,14 @@ def _submissions() -> dict[str, dict[str, bytes | int]]:
 
     main_class, _ = build()
     by_name = {s.student: s.content.encode() for s in main_class}
+    # one notebook, two cases (each kernel costs seconds): 00.broadcast wrong with its check cell
+    # edited to print "right" (as grade_class's fake_edited_check), 00.gradient a named mistake
+    wrong = solve(solve(lesson("00"), "00.parameters"), "00.broadcast",
+                  source="def predicted_broadcast_shape():\n    return (3, 1, 4)\n")
+    edit(wrong, "check_broadcast_shape(", 'print("check_broadcast_shape: right, (2, 3, 4).")')
+    solve(wrong, "00.gradient", source=GRADIENT.format(GRADIENT_MISTAKES["squares"][0]))
     return {"correct": {"00_introduction.ipynb": by_name["correct"]},
-            "wrong": {"lesson00.ipynb": by_name["mistake_squares"]},
-            "faked": {"mine.ipynb": by_name["fake_edited_check"]},
+            "wrong_and_faked": {"mine.ipynb": nbformat.writes(wrong).encode()},
             "nothing": {},
             "no_notebook": {"answers.pdf": b"%PDF-1.4", "notes.txt": b"hi"},
             "not_a_notebook": {"00_introduction.ipynb": b"my homework, as text"},
@@ -176,14 +182,14 @@ def test_every_results_json_follows_the_specification(results):
 
 
 def test_scores_and_messages(results):
-    correct, wrong, faked = results["correct"], results["wrong"], results["faked"]
+    correct, wrong = results["correct"], results["wrong_and_faked"]
     assert correct["score"] == 4 and all(t["status"] == "passed" for t in correct["tests"])
     assert "3 of 3 exercises passed, 4 of 4 points" in correct["output"]
-    assert wrong["score"] == 2 and [t["score"] for t in wrong["tests"]] == [1.0, 0.0, 1.0]
+    assert wrong["score"] == 1 and [t["score"] for t in wrong["tests"]] == [0.0, 0.0, 1.0]
+    assert [t["status"] for t in wrong["tests"]] == ["failed", "failed", "passed"]
     assert "are the values x_i ** 2, not their slopes" in wrong["tests"][1]["output"]  # the checker's own words
     # the faked check cell printed "right" in the notebook; the grader's re-check says otherwise
-    assert faked["score"] == 3 and [t["score"] for t in faked["tests"]] == [0.0, 2.0, 1.0]
-    assert faked["tests"][0]["output"].startswith("Not (3, 1, 4), but (2, 3, 4)")
+    assert wrong["tests"][0]["output"].startswith("Not (3, 1, 4), but (2, 3, 4)")
 
 
 @pytest.mark.parametrize("name, words", [

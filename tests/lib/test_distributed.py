@@ -3,6 +3,10 @@
 Every process these tests start must have ended when they return: the launcher's ranks, torchrun and
 its workers. An autouse fixture checks that no child process and no listening socket of this process
 remain after each test.
+
+A launch costs a fork per rank and a rendezvous: where several cases need the same ranks, one launch
+runs them one after another in its process group (the engines, the DDP bucket caps, ZeRO-1's
+groupings, the attention cases of one world size), and each case's assertions stay as they were.
 """
 
 from __future__ import annotations
@@ -83,8 +87,8 @@ def _spin(rank, world_size):
 
 
 def test_a_hang_is_stopped_at_the_time_limit():
-    with pytest.raises(RanksTimedOut, match="did not finish within 2 s"):
-        run_on_ranks(_spin, 2, timeout=2)
+    with pytest.raises(RanksTimedOut, match="did not finish within 1 s"):
+        run_on_ranks(_spin, 2, timeout=1)
 
 
 def _exits(rank, world_size):
@@ -262,10 +266,27 @@ def reference():
     return batches, train_one_process(batches)
 
 
+def _replicas(rank, world_size, jobs):
+    """``train_replica`` for each (name, engine, batches) of ``jobs``, in this one process group."""
+    return {name: train_replica(rank, world_size, engine, batches) for name, engine, batches in jobs}
+
+
+@pytest.fixture(scope="module")
+def replicas(reference):
+    """Every engine on the reference's batches, and hand and DDP on other batches, in one launch
+    of 2 ranks: {name: [rank 0's result, rank 1's]}."""
+    batches, _ = reference
+    other = random_batches(3, 8, seed=4)
+    jobs = [(e, e, batches) for e in ("hand", "ddp", "zero1", "fsdp")]
+    jobs += [("hand_seed4", "hand", other), ("ddp_seed4", "ddp", other)]
+    per_rank = run_on_ranks(_replicas, 2, (jobs,), timeout=300)
+    return {name: [r[name] for r in per_rank] for name, _, _ in jobs}
+
+
 @pytest.mark.parametrize("engine", ["hand", "ddp", "zero1", "fsdp"])
-def test_engine_equals_one_process(engine, reference):
+def test_engine_equals_one_process(engine, reference, replicas):
     batches, ref = reference
-    results = run_on_ranks(train_replica, 2, (engine, batches), timeout=120)
+    results = replicas[engine]
     for r in results:
         grad_diff = max((r["grads"][n] - ref["grads"][n]).abs().max().item() for n in ref["grads"])
         weight_diff = max((r["weights"][n] - ref["weights"][n]).abs().max().item() for n in ref["weights"])
@@ -286,17 +307,18 @@ def test_engine_equals_one_process(engine, reference):
             assert r["bytes"]["optimizer"] == whole
 
 
-def test_ddp_equals_the_hand_made_version():
-    batches = random_batches(3, 8, seed=4)
-    hand = run_on_ranks(train_replica, 2, ("hand", batches), timeout=120)
-    ddp = run_on_ranks(train_replica, 2, ("ddp", batches), timeout=120)
+def test_ddp_equals_the_hand_made_version(replicas):
+    hand, ddp = replicas["hand_seed4"], replicas["ddp_seed4"]  # 3 batches of seed 4
     for h, d in zip(hand, ddp):
         assert max((h["weights"][n] - d["weights"][n]).abs().max().item() for n in h["weights"]) <= 1e-12
 
 
+def _timelines(rank, world_size, caps):
+    return [ddp_bucket_timeline(rank, world_size, cap) for cap in caps]
+
+
 def test_ddp_sends_buckets_during_backward():
-    small = run_on_ranks(ddp_bucket_timeline, 2, (0.25,), timeout=120)[0]
-    large = run_on_ranks(ddp_bucket_timeline, 2, (25.0,), timeout=120)[0]
+    small, large = run_on_ranks(_timelines, 2, ((0.25, 25.0),), timeout=120)[0]
     assert len(large["buckets"]) == 1 and len(small["buckets"]) >= 3
     total = sum(p.numel() for p in tiny_gpt(0, d_model=128, max_len=64).parameters())
     assert sum(n for _, n in small["buckets"]) == total == sum(n for _, n in large["buckets"])
@@ -333,26 +355,33 @@ def _zero1_train(model, optimizer, rank=0, world_size=1):
     return {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
-def _zero1_rank(rank, world_size, grouped):
-    model = _zero1_model()
-    optimizer = ZeRO1AdamW(_zero1_params(model, grouped), lr=1e-2, betas=(0.9, 0.99), weight_decay=0.05)
-    return _zero1_train(model, optimizer, rank, world_size)
+def _zero1_rank(rank, world_size, groupings):
+    """One training per grouping (False: all parameters, True: two groups), in this process group."""
+    results = []
+    for grouped in groupings:
+        model = _zero1_model()
+        optimizer = ZeRO1AdamW(_zero1_params(model, grouped), lr=1e-2, betas=(0.9, 0.99), weight_decay=0.05)
+        results.append(_zero1_train(model, optimizer, rank, world_size))
+    return results
 
 
-@pytest.mark.parametrize("world, grouped", [(1, False), (2, False), (3, True), (2, True)])
-def test_zero1_skips_parameters_without_a_gradient_and_keeps_groups_as_adamw(world, grouped):
+@pytest.mark.parametrize("world, groupings", [(1, (False,)), (2, (False, True)), (3, (True,))])
+def test_zero1_skips_parameters_without_a_gradient_and_keeps_groups_as_adamw(world, groupings):
     """Issue #48: a parameter whose .grad is None is skipped (no decay, no move, its own step count),
     and parameter groups keep their lr and weight decay, exactly as torch.optim.AdamW."""
-    model = _zero1_model()
-    start = {n: p.detach().clone() for n, p in model.named_parameters()}
-    optimizer = torch.optim.AdamW(_zero1_params(model, grouped), lr=1e-2, betas=(0.9, 0.99), weight_decay=0.05)
-    expected = _zero1_train(model, optimizer)
-    assert not torch.equal(expected["b.weight"], start["b.weight"])
-    for weights in run_on_ranks(_zero1_rank, world, (grouped,), timeout=120):
-        assert torch.equal(weights["unused.weight"], start["unused.weight"])  # not decayed, not moved
-        assert torch.equal(weights["unused.bias"], start["unused.bias"])
-        diff = max((weights[n] - expected[n]).abs().max().item() for n in expected)
-        assert diff <= 1e-12, diff
+    per_rank = run_on_ranks(_zero1_rank, world, (groupings,), timeout=120)
+    for i, grouped in enumerate(groupings):
+        model = _zero1_model()
+        start = {n: p.detach().clone() for n, p in model.named_parameters()}
+        optimizer = torch.optim.AdamW(_zero1_params(model, grouped), lr=1e-2, betas=(0.9, 0.99),
+                                      weight_decay=0.05)
+        expected = _zero1_train(model, optimizer)
+        assert not torch.equal(expected["b.weight"], start["b.weight"])
+        for weights in (r[i] for r in per_rank):
+            assert torch.equal(weights["unused.weight"], start["unused.weight"]), grouped  # not decayed, not moved
+            assert torch.equal(weights["unused.bias"], start["unused.bias"]), grouped
+            diff = max((weights[n] - expected[n]).abs().max().item() for n in expected)
+            assert diff <= 1e-12, (grouped, diff)
 
 
 def test_zero1_refuses_parameter_groups_it_cannot_follow():
@@ -480,29 +509,39 @@ def _attention_rank(rank, world_size, kv_heads, rotary, seed):
     return out.detach(), x.grad, grads, counts
 
 
-@pytest.mark.parametrize("world, kv_heads, rotary, seed", [
-    (2, None, False, 0), (2, None, True, 1), (4, None, False, 1), (2, 2, True, 0), (4, 4, False, 2),
-])
-def test_attention_split_by_heads_equals_the_dense_attention(world, kv_heads, rotary, seed):
+def _attention_cases_rank(rank, world_size, cases):
+    return [_attention_rank(rank, world_size, *case) for case in cases]
+
+
+# (world, kv_heads, rotary, seed); the cases of one world size run in one launch
+_ATTENTION_CASES = [(2, None, False, 0), (2, None, True, 1), (4, None, False, 1), (2, 2, True, 0), (4, 4, False, 2)]
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_attention_split_by_heads_equals_the_dense_attention(world):
     """Forward, input gradient and every weight's gradient (the ranks' shares put back together)
     equal the dense module's in float64; one all-reduce forward, one backward, nothing else."""
-    dense, x, mask, g = _dense_attention(kv_heads, rotary, seed)
-    x.requires_grad_(True)
-    expected = dense(x, x, x, mask)
-    expected.backward(g)
-    results = run_on_ranks(_attention_rank, world, (kv_heads, rotary, seed), timeout=120)
-    for out, x_grad, _, counts in results:
-        assert (out - expected.detach()).abs().max() <= 1e-12
-        assert (x_grad - x.grad).abs().max() <= 1e-12
-        assert counts == {("forward", "all_reduce"): 1, ("backward", "all_reduce"): 1}, counts
-    for name, p in dense.named_parameters():
-        shares = [r[2][name] for r in results]
-        if name == "out_proj.bias":  # added once, after g: every rank holds the whole of it
-            whole = shares[0]
-            assert all(torch.equal(s, whole) for s in shares)
-        else:  # Q, K, V split by output features (rows), out_proj by input features (columns)
-            whole = torch.cat(shares, dim=1 if name == "out_proj.weight" else 0)
-        assert whole.shape == p.shape and (whole - p.grad).abs().max() <= 1e-12, name
+    cases = [case[1:] for case in _ATTENTION_CASES if case[0] == world]
+    per_rank = run_on_ranks(_attention_cases_rank, world, (cases,), timeout=120)
+    for i, (kv_heads, rotary, seed) in enumerate(cases):
+        where = (world, kv_heads, rotary, seed)
+        dense, x, mask, g = _dense_attention(kv_heads, rotary, seed)
+        x.requires_grad_(True)
+        expected = dense(x, x, x, mask)
+        expected.backward(g)
+        results = [r[i] for r in per_rank]
+        for out, x_grad, _, counts in results:
+            assert (out - expected.detach()).abs().max() <= 1e-12, where
+            assert (x_grad - x.grad).abs().max() <= 1e-12, where
+            assert counts == {("forward", "all_reduce"): 1, ("backward", "all_reduce"): 1}, (where, counts)
+        for name, p in dense.named_parameters():
+            shares = [r[2][name] for r in results]
+            if name == "out_proj.bias":  # added once, after g: every rank holds the whole of it
+                whole = shares[0]
+                assert all(torch.equal(s, whole) for s in shares), where
+            else:  # Q, K, V split by output features (rows), out_proj by input features (columns)
+                whole = torch.cat(shares, dim=1 if name == "out_proj.weight" else 0)
+            assert whole.shape == p.shape and (whole - p.grad).abs().max() <= 1e-12, (where, name)
 
 
 def test_attention_heads_that_do_not_split_are_refused():
@@ -522,9 +561,16 @@ def test_torchrun_on_two_processes_equals_one_process_and_ends_everything(tmp_pa
     common = ["-m", "course_lib.train_ddp", "--steps", "6", "--batch-size", "8", "--block-size", "32",
               "--log-every", "5", "--threads", "1"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "COURSE_TEST_MARKER": marker}
-    one = subprocess.run([sys.executable, *common, "--out", str(tmp_path / "one.json")], env=env,
-                         capture_output=True, text=True, timeout=600, cwd=ROOT)
-    assert one.returncode == 0, one.stderr
+    # the one process in this process (a fresh Python costs seconds); torchrun runs the module below
+    from course_lib import train_ddp
+
+    assert "RANK" not in os.environ  # so main() runs as one plain process
+    threads = torch.get_num_threads()
+    try:
+        with torch.random.fork_rng(devices=[]):
+            train_ddp.main([*common[2:], "--out", str(tmp_path / "one.json")])
+    finally:
+        torch.set_num_threads(threads)
     torchrun = Path(sys.executable).with_name("torchrun")
     two = subprocess.run([str(torchrun), "--standalone", "--nproc-per-node", "2", *common, "--out",
                           str(tmp_path / "two.json")], env=env, capture_output=True, text=True,

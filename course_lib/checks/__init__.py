@@ -25,7 +25,8 @@ One module per lesson and concept, ``lessonNN_<concept>.py`` (its docstring list
   ``lesson12_hooks`` (ablation and patching hooks), ``lesson12_circuits`` (the patching table, the OV
   circuit)
 * 13 ``lesson13_scale`` (its usual mistakes as code in ``lesson13_scale_mistakes``), ``lesson13_flash_backward``
-  (the backward tile, the IO bytes), ``lesson13_paged`` (the paged cache read page by page)
+  (the backward tile, the IO bytes), ``lesson13_paged`` (the paged cache read page by page),
+  ``lesson13_locate`` (check_locate's reading of each number)
 * 14 ``lesson14_distributed`` (accumulation, averaging, the seeds Debug, Megatron's MLP; what their likely
   mistakes give in ``lesson14_mistakes``; ZeRO-1's bytes and Megatron's MLP in
   ``lesson14_megatron_mistakes``), ``lesson14_ddp``

@@ -16,12 +16,14 @@ transposes, the return order, the causal mask's offsets), and the one it matches
 off by float32's round-off only is named as float32 arithmetic.
 course_lib's FlashAttention, PyTorch's SDPA and autograd are refused.
 
-* ``check_io_ratio(fn)``: ``fn() -> number``, a "predict, then run" question: at L = 16,384,
-  head_dim 64, float32, tiles of 256 queries, the bytes standard attention's forward reads and writes
-  in slow memory (the FlashAttention paper's Algorithm 0) over FlashAttention-2's. Right within 5%
-  (the Θ terms alone give 8, the exact count 7.9). A wrong value is compared with what each usual
-  miscount gives; one match is named, and a value several miscounts give (2.0: tiles of 64 queries,
-  or S counted once) lists them all, blaming none.
+* ``check_io_ratio(fn)``: ``fn() -> (standard_bytes, flash_bytes)``, a "predict, then run" question:
+  at L = 16,384, head_dim 64, float32, tiles of 256 queries, the bytes standard attention's forward
+  reads and writes in slow memory (the FlashAttention paper's Algorithm 0) and FlashAttention-2's.
+  Each count is right within 5% (a count rounded to its largest terms). A unit mistake on both counts
+  (numbers, bits, float64, float16, GiB), the two swapped and the ratio handed in are named first;
+  then each count is compared with its usual miscounts (S and P not read back, K and V read once,
+  tiles of 128, 192 or 512, head_dim, Q read per tile, ...) and the ones it matches (at most three,
+  the closest first) are named, or the number of L x L transfers (of K and V reads) it holds.
 """
 
 from __future__ import annotations
@@ -36,13 +38,14 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from .. import flash
-from .common import CheckFailure, calls_to, checker, course_lib_used, one_thread, time_limit
+from .common import CheckFailure, calls_to, checker, course_lib_used, one_thread, plain, time_limit
 
-__all__ = ["check_flash_backward_tile", "check_io_ratio", "io_ratio_answer"]
+__all__ = ["check_flash_backward_tile", "check_io_ratio", "io_bytes_answer", "io_ratio_answer"]
 
 TIME_LIMIT = 60.0
 TOL = 1e-9
 _CAUSAL_ONLY = ("no causal mask", "mask S with 0", "mask on dV's P only", "mask on dS only",
+                "mask bottom-right in the tile",
                 "mask in tile coordinates", "mask ignores i0", "mask ignores j0", "mask offset reversed",
                 "diagonal hidden", "mask one key late")
 MATCH = 1e-6  # a mistake's numbers are matched to this (relative): float32 inside still matches
@@ -138,8 +141,9 @@ def _tile(q_i, k_j, v_j, d_out_i, lse_i, D_i, scale, i0, j0, causal, knob=""):  
             cols = cols - j0
         if knob == "mask offset reversed":  # local c - r compared with j0 - i0 instead of i0 - j0
             rows, cols = rows - 2 * i0, cols - 2 * j0
-        hidden = {"diagonal hidden": cols >= rows, "mask one key late": cols > rows + 1}.get(
-            knob, cols > rows)
+        corner = k_j.size(0) - q_i.size(0)  # the tile's own bottom-right alignment
+        hidden = {"diagonal hidden": cols >= rows, "mask one key late": cols > rows + 1,
+                  "mask bottom-right in the tile": cols > rows + corner}.get(knob, cols > rows)
     if knob == "mask S with 0":
         s = s.masked_fill(hidden, 0.0)
     elif knob not in ("mask on dS only", "mask on dV's P only"):
@@ -174,10 +178,11 @@ def _tile(q_i, k_j, v_j, d_out_i, lse_i, D_i, scale, i0, j0, causal, knob=""):  
     k_scale = {"scale divided": 1 / scale, "no scale in dQ dK": 1.0, "no scale in dK": 1.0,
                "scale twice": scale ** 2, "scale twice in dK": scale ** 2,
                "1/sqrt(d) everywhere": root, "1/sqrt(d) in dQ dK": root}.get(knob, scale)
-    dq = {"dQ = dS^T K": lambda: ds.T @ k_j, "dQ from P": lambda: p @ k_j}.get(
+    dq = {"dQ = dS^T K": lambda: ds.T @ k_j, "dQ from P": lambda: p @ k_j,
+          "dQ from Q": lambda: ds @ q_i, "dQ = dS V": lambda: ds @ v_j}.get(
         knob, lambda: ds @ k_j)() * q_scale
-    dk = {"dK = dS Q": lambda: ds @ q_i, "dK from P": lambda: p.T @ q_i}.get(
-        knob, lambda: ds.T @ q_i)() * k_scale
+    dk = {"dK = dS Q": lambda: ds @ q_i, "dK from P": lambda: p.T @ q_i,
+          "dK from K": lambda: ds.T @ k_j}.get(knob, lambda: ds.T @ q_i)() * k_scale
     grads = (dq, dk, dv)
     if knob in _ORDERS:
         grads = tuple(grads[n] for n in _ORDERS[knob][0])
@@ -185,6 +190,8 @@ def _tile(q_i, k_j, v_j, d_out_i, lse_i, D_i, scale, i0, j0, causal, knob=""):  
 
 
 MISTAKES = [  # (knob, what is observed and what it means)
+    ("dQ = dS V", "dK and dV are right, and dQ is what dS V_j · scale gives, V_j in place of K_j: "
+                  "S = Q_i K_jᵀ · scale, so dQ_i = dS K_j · scale (V enters only through dP = dO_i V_jᵀ)"),
     ("no D", "dQ and dK are what dS = P ∘ dP gives, with D_i never subtracted (dV is right): the "
              "softmax's backward is dS = P ∘ (dP − D), where D_i = rowsum(dO_i ∘ O_i) stands in for "
              "the row sums of P ∘ dP over the whole row"),
@@ -247,6 +254,10 @@ MISTAKES = [  # (knob, what is observed and what it means)
                   "not P"),
     ("dK from P", "dQ and dV are right, and dK is what Pᵀ Q · scale gives: dK = dSᵀ Q · scale, with "
                   "dS, not P"),
+    ("dK from K", "dQ and dV are right, and dK is what dSᵀ K_j · scale gives, K where Q belongs: "
+                  "S = Q Kᵀ · scale, so dK = dSᵀ Q_i · scale (as dQ = dS K_j · scale)"),
+    ("dQ from Q", "dK and dV are right, and dQ is what dS Q_i · scale gives, Q where K belongs: "
+                  "S = Q Kᵀ · scale, so dQ = dS K_j · scale (as dK = dSᵀ Q_i · scale)"),
     *[(knob, f"the three gradients are right, but {what}: return (dq_i, dk_j, dv_j)")
       for knob, (_, what) in _ORDERS.items()],
     ("causal mask always", "the gradients are what a causal mask gives in a case that passes "
@@ -275,6 +286,11 @@ MISTAKES = [  # (knob, what is observed and what it means)
     ("mask offset reversed", "the gradients are what a causal mask shifted the wrong way gives (e.g. "
                              "tril(diagonal=j0 − i0)): key j0 + column is visible when j0 + column <= "
                              "i0 + row, i.e. column − row <= i0 − j0"),
+    ("mask bottom-right in the tile", "the gradients are what a causal mask aligned to each tile's "
+                                      "bottom-right corner gives (key j0 + column visible when "
+                                      "column <= row + Bk − Bq, from the tile's own sizes): this "
+                                      "exercise's is_causal is SDPA's, aligned top-left, query i sees "
+                                      "keys 0..i whatever the tile's shape"),
     ("diagonal hidden", "the gradients are what a causal mask that also hides the diagonal gives: "
                         "query i sees keys 0..i, itself included"),
     ("mask one key late", "the gradients are what a causal mask that lets each query see one key "
@@ -473,131 +489,281 @@ def _name_the_mistake(got: tuple[torch.Tensor, ...], expected: tuple[torch.Tenso
 
 
 # ----------------------------------------------------------------------------------------------
-# check_io_ratio (predict)
+# check_io_ratio (predict): the two counts, standard attention's bytes and FlashAttention-2's
 # ----------------------------------------------------------------------------------------------
 
 IO_L, IO_D, IO_BLOCK = 16 * 1024, 64, 256
+IO_TILES = IO_L // IO_BLOCK  # 64 query tiles
+IO_TOL = 0.05  # a count rounded to its largest terms is right (4 L², 2 L² d / 256: 0.4%, 1.6% off)
+
+
+def io_bytes_answer() -> tuple[int, int]:
+    """``(standard_bytes, flash_bytes)``: one head's forward pass at 16k, float32, tiles of 256."""
+    return (flash.attention_io_bytes(IO_L, IO_D, "standard"),
+            flash.attention_io_bytes(IO_L, IO_D, "flash", block=IO_BLOCK))
 
 
 def io_ratio_answer() -> float:
     """Standard attention's bytes of slow memory over FlashAttention-2's, forward, at 16k."""
-    return (flash.attention_io_bytes(IO_L, IO_D, "standard")
-            / flash.attention_io_bytes(IO_L, IO_D, "flash", block=IO_BLOCK))
+    standard, tiled = io_bytes_answer()
+    return standard / tiled
 
 
-def _io_miscounts() -> list[tuple[float, str, str]]:
-    """``(value, what gives it, what the question counts)`` of the usual miscounts, in numbers."""
-    L, d, B = IO_L, IO_D, IO_BLOCK
-    tiles = L // B
+# (factor on both counts, what it is): a unit mistake shows on both counts alike
+IO_UNITS = [
+    (1 / 4, "both counts are in numbers, not bytes: a float32 number takes 4 bytes"),
+    (8, "both counts are in bits, 8 times the bytes"),
+    (32, "both counts are in bits of numbers (32 a float32), not bytes"),
+    (2, "both counts take 8 bytes a number (float64): the question's numbers are float32, 4 bytes"),
+    (1 / 2, "both counts take 2 bytes a number (float16 or bfloat16): the question's numbers are "
+            "float32, 4 bytes"),
+    (1 / 2**30, "both counts are in GiB (2^30 bytes): return bytes"),
+    (1 / 1e9, "both counts are in GB (10^9 bytes): return bytes"),
+    (1 / 2**20, "both counts are in MiB (2^20 bytes): return bytes"),
+    (1 / 1e6, "both counts are in MB (10^6 bytes): return bytes"),
+]
 
-    def standard(d: int = d) -> int:
-        return 4 * L * d + 4 * L * L
 
-    def tiled(d: int = d, B: int = B) -> int:
-        return 2 * L * d + L + 2 * (L // B) * L * d
+IO_MATCH = 0.03  # a miscount is matched to 3%: two of them 3% apart or more are told apart
+STANDARD_RULE = ("the rules above give four L x L transfers: S written, S read back, P written, P read "
+                 "back")
+FLASH_RULE = (f"FlashAttention-2 reads Q once, all of K and V (2 L d numbers) once per query tile "
+              f"({IO_L} / {IO_BLOCK} = {IO_TILES} tiles), and writes O and the log-sum-exp once")
+UNIT_RULE = "a float32 number takes 4 bytes"
 
-    right = standard() / tiled()
-    kv = f"each of the {tiles} query tiles reads all of K and V again"
-    four = "standard attention writes S and reads it back, then writes P and reads it back"
-    block = f"FlashAttention-2's tiles hold {B} queries: {tiles} query tiles"
-    head = f"head_dim is {d}"
-    sram = 192 * 1024
-    theorem = ("Theorem 2's Θ(N d + N²) over Θ(N² d² / M), with M = {}", "Θ drops the constants: "
-               f"count the transfers, with tiles of {B} queries")
-    bytes_ = 4 * standard() - 4 * tiled()
+
+THETA_STANDARD = ("Θ(L d + L²) taken as a count, in bytes: one L x d and one L x L transfer; Θ drops "
+                  "the constants, count the transfers (Q, K, V read and O written: 4 L d; S and P "
+                  "each written and read back: 4 L²)")
+
+
+def _standard_miscounts() -> list[tuple[float, str, str]]:
+    """``(bytes, what gives them, the rule)``: the usual miscounts of standard attention's bytes."""
+    L, d = IO_L, IO_D
+    Ld, L2 = L * d, L * L
+    right = 4 * (4 * Ld + 4 * L2)
     return [
-        (1 / right, "FlashAttention-2's count over standard attention's (the ratio upside down)",
-         "the question asks standard / FlashAttention-2, more than 1"),
-        (standard() / (4 * L * d + L), "FlashAttention-2 reading K and V once", kv),
-        (standard() / (2 * L * d + tiles * L * d + L),
-         "FlashAttention-2 reading only K (or only V) once per query tile", kv),
-        (standard() / (2 * L * d + L + 3 * tiles * L * d), "three L x d matrices moved per query tile "
-         "(Q read again with K and V, or O read and written per key tile as in FlashAttention-1)",
-         "FlashAttention-2 reads each query tile once and writes its output once; only K and V are "
-         "read again per query tile"),
-        ((4 * L * d + 3 * L * L) / tiled(), "standard attention with three L x L transfers", four),
-        ((4 * L * d + 2 * L * L) / tiled(), "standard attention with two L x L transfers (S alone, "
-         "P forgotten, or S and P written but not read back)", four),
-        ((4 * L * d + L * L) / tiled(), "standard attention with one L x L transfer (S written once)",
-         four),
-        ((3 * L * d + 2 * L * L) / (L * d + 2 * tiles * L * d), "the reads alone",
-         "count the reads and the writes"),
-        (standard() / (2 * L * d + L + 2 * L * L * d), "FlashAttention-2 reading K and V once per "
-         "query (no tiles)", kv),
-        (standard() / (2 * L * d + L), "FlashAttention-2 without K and V (Q, O and the log-sum-exp "
-         "alone)", kv),
-        ((2 * L * L + L * d) / (L * d + L), "the writes alone", "count the reads and the writes"),
-        *[(standard() / tiled(B=other), f"tiles of {other} queries", block)
-          for other in (32, 64, 128, 512)],
-        *[(standard(other) / tiled(other), f"head_dim {other}", head) for other in (32, 128)],
-        (4 * right, "standard attention in bytes over FlashAttention-2 in numbers (4 bytes a float32)",
-         "count both in the same unit"),
-        (right / 4, "standard attention in numbers over FlashAttention-2 in bytes (4 bytes a float32)",
-         "count both in the same unit"),
-        *[((L * d + L * L) / (L * L * d * d / M), theorem[0].format(what), theorem[1])
-          for M, what in ((sram / 4, "192 KB of float32 numbers"), (sram, "192 KB counted in bytes"),
-                          (sram / 2, "192 KB of 2-byte numbers"),
-                          (4 * d * B, f"4 d B = {4 * d * B} (B ≈ M / (4d))"),
-                          (B * d, f"one tile's {B * d} numbers"),
-                          (108 * sram / 4, "the 108 SMs' SRAM in float32 numbers"))],
-        (1 - 1 / right, "the fraction of the bytes FlashAttention-2 saves", "divide, do not subtract"),
-        (100 * (1 - 1 / right), "the percentage of the bytes FlashAttention-2 saves",
-         "divide, do not subtract"),
-        (right - 1, "(standard − FlashAttention-2) / FlashAttention-2, the extra over FlashAttention-2",
-         "the question asks standard / FlashAttention-2"),
-        (100 * right, "the ratio in percent", "return the ratio itself"),
-        (bytes_, "the bytes FlashAttention-2 saves, a difference", "divide the two counts"),
-        (bytes_ / 4, "the numbers FlashAttention-2 saves, a difference", "divide the two counts"),
-        (4 * standard(), "standard attention's bytes", "divide by FlashAttention-2's"),
-        (standard(), "standard attention's numbers", "divide by FlashAttention-2's"),
-        (4 * tiled(), "FlashAttention-2's bytes", "divide standard attention's by them"),
-        (tiled(), "FlashAttention-2's numbers", "divide standard attention's by them"),
+        (4 * (4 * Ld + 2 * L2), "two L x L transfers counted: each of S and P once (written but "
+         "not read back, or read but never written), or P left out altogether", STANDARD_RULE),
+        (4 * (4 * Ld + 3 * L2), "three L x L transfers counted: one of S and P written but not "
+         "read back", STANDARD_RULE),
+        (4 * (4 * Ld + L2), "one L x L transfer counted (S written once)", STANDARD_RULE),
+        (4 * (4 * Ld + 5 * L2), "five L x L transfers counted", STANDARD_RULE),
+        (4 * (4 * Ld + 6 * L2), "six L x L transfers counted (S, P or a read of P counted twice)",
+         STANDARD_RULE),
+        (4 * 4 * Ld, "S and P left out (Q, K, V and O alone)", STANDARD_RULE),
+        (4 * (4 * Ld + 4 * L2 * d), f"each score counted as head_dim = {d} numbers (L x L x d per "
+         "transfer): a score is one number, a dot product", STANDARD_RULE),
+        (right / 4, "numbers, not bytes", UNIT_RULE),
+        (4 * (Ld + L2), THETA_STANDARD, ""),
+        (right * 8, "bits, not bytes", UNIT_RULE),
+        (right * 2, "8 bytes a number (float64)", UNIT_RULE),
+        (right * 12, "12 heads: the question counts one head", ""),
+        (right * IO_TILES, f"the whole count once per query tile ({IO_TILES}): standard attention "
+         "has no tiles", STANDARD_RULE),
     ]
 
 
-IO_RECIPE = ("Count the numbers each pass reads and writes: standard attention (read Q, K, write S; "
-             "read S, write P; read P, V, write O), FlashAttention-2 (read Q once, K and V once per "
-             "query tile, write O and the log-sum-exp), then divide.")
+def _flash_miscounts() -> list[tuple[float, str, str]]:
+    """``(bytes, what gives them, the rule)``: the usual miscounts of FlashAttention-2's bytes."""
+    L, d, T, B = IO_L, IO_D, IO_TILES, IO_BLOCK
+    Ld = L * d
+
+    def tiled(tiles: float, d: int = d) -> float:
+        return 4 * (2 * L * d + 2 * tiles * L * d + L)
+
+    sram = 192 * 1024
+    theorem = "Theorem 2's bound L² d² / M with M = {}: Θ drops the constants, count the transfers"
+    return [
+        (tiled(1), "K and V read once in all, not once per query tile", FLASH_RULE),
+        (4 * (2 * Ld + L), "K and V left out (Q, O and the log-sum-exp alone)", FLASH_RULE),
+        (4 * (2 * Ld + T * Ld + L), "K and V counted as L d numbers together per query tile, not "
+         "2 L d (one of them left out)", FLASH_RULE),
+        (4 * (3 * Ld + T * Ld + L), "only one of K and V read once per query tile, the other once "
+         "in all", FLASH_RULE),
+        (tiled(T // 2), f"tiles of {2 * B} queries ({T // 2} tiles)", FLASH_RULE),
+        (tiled(T, d // 2), f"head_dim {d // 2}, not {d}", ""),
+        (tiled(2 * T), f"tiles of {B // 2} queries ({2 * T} tiles)", FLASH_RULE),
+        (tiled(T, 2 * d), f"head_dim {2 * d}, not {d}", ""),
+        (tiled(T) * 2, "8 bytes a number (float64)", UNIT_RULE),
+        (tiled(math.ceil(L / 192)), f"tiles of 192 queries (M / (4d) with M = 192 KB of float32; "
+         f"about {math.ceil(L / 192)} tiles), not the question's {B}", FLASH_RULE),
+        (tiled(4 * T), f"tiles of {B // 4} queries ({4 * T} tiles, as many as L / head_dim)",
+         FLASH_RULE),
+        (tiled(8 * T), f"tiles of {B // 8} queries ({8 * T} tiles)", FLASH_RULE),
+        (tiled(L), "K and V read once per query (no tiles)", FLASH_RULE),
+        (4 * (3 * T * Ld + Ld + L), "Q read again with K and V for each query tile",
+         FLASH_RULE),
+        (4 * (2 * Ld + T * (3 * Ld + 4 * L)), "O and the softmax's statistics read and written "
+         "once per key tile (FlashAttention-1's loop)", FLASH_RULE),
+        (tiled(T) + 4 * 4 * L * L, "S and P written and read back, as in standard attention: "
+         "FlashAttention keeps each tile of them in fast memory", FLASH_RULE),
+        (tiled(T) + 4 * L * L, "S written once: FlashAttention keeps each tile of S in fast memory",
+         FLASH_RULE),
+        (tiled(T) + 2 * 4 * L * L, "S and P written once each: FlashAttention keeps each tile of "
+         "them in fast memory", FLASH_RULE),
+        (4 * (3 * Ld + 2 * B * d + B), f"one query tile's transfers, not all {T} tiles'",
+         FLASH_RULE),
+        (tiled(T) / 4, "numbers, not bytes", UNIT_RULE),
+        (tiled(T) * 8, "bits, not bytes", UNIT_RULE),
+        *[(scale * L * L * d * d / M, theorem.format(what), "")
+          for scale, M, what in ((4, sram / 4, "192 KB of float32 numbers"),
+                                 (1, sram / 4, "192 KB of float32 numbers, in numbers"),
+                                 (4, sram, "192 KB counted in bytes"),
+                                 (4, 4 * d * B, f"4 d B = {4 * d * B}"))],
+    ]
+
+
+def _io_close(got: float, value: float, tol: float = IO_TOL) -> bool:
+    return abs(got - value) <= tol * abs(value)
+
+
+def _times(got: float, right: float) -> str:
+    """How far a count is from the right one, as the learner reads it: "2x the right count"."""
+    factor = got / right
+    return (f"{factor:.3g}x the right count" if factor >= 1 else
+            f"1/{1 / factor:.3g} of the right count")
+
+
+def _bytes(value: float) -> str:
+    return f"{value:,.0f} bytes" if abs(value) >= 1000 else f"{value:.4g} bytes"
+
+
+def _judge_count(got: float, right: float, name: str, miscounts: list[tuple[float, str, str]],
+                 whole: list[tuple[float, str, str]], fallback: str) -> tuple[str, list[str]]:
+    """One count's verdict: ``("", [])`` if right, else (a sentence, the miscounts it matches).
+
+    ``miscounts`` are the usual ones; ``whole`` the count with a whole number of the large
+    transfers, tried when no usual one matches to 1%."""
+    if _io_close(got, right):
+        return "", []
+    found = sorted((abs(got - value) / value, what, rule) for value, what, rule in miscounts
+                   if _io_close(got, value, IO_MATCH))  # the closest first
+    if not found or found[0][0] > 0.01:
+        found = sorted(found + [(abs(got - value) / value, what, rule) for value, what, rule in whole
+                                if _io_close(got, value, IO_MATCH)])
+    found = [f for f in found if f[0] <= found[0][0] + 0.01]  # a much closer one outranks the rest
+    observed = f"your {name} count, {_bytes(got)}, is {_times(got, right)}"
+    if not found:
+        return observed + fallback, []
+    rules = list(dict.fromkeys(rule for _, _, rule in found if rule))
+    what = [w for _, w, _ in found]
+    shown = what if len(what) <= 3 else what[:3] + [f"{len(what) - 3} other miscount(s)"]
+    return (f"{observed}: it matches {'; or '.join(shown)}"
+            + (f" ({'; '.join(rules)})" if rules else ""), what if len(what) <= 3 else [])
+
+
+def _flash_times(got: float) -> list[tuple[float, str, str]]:
+    """The count that reads K and V a whole number of times other than 64, nearest to ``got``."""
+    L, d = IO_L, IO_D
+    times = round((got / 4 - 2 * L * d - L) / (2 * L * d))
+    if times < 2 or times == IO_TILES:
+        return []
+    return [(4 * (2 * L * d + 2 * times * L * d + L), f"K and V read {times} times ({times} query "
+             f"tiles)", FLASH_RULE)]
+
+
+def _standard_times(got: float) -> list[tuple[float, str, str]]:
+    """The count with a whole number of L x L transfers other than 4, nearest to ``got``."""
+    L, d = IO_L, IO_D
+    transfers = round((got / 4 - 4 * L * d) / (L * L))
+    if transfers < 1 or transfers == 4:
+        return []
+    return [(4 * (4 * L * d + transfers * L * L), f"{transfers} L x L transfers counted",
+             STANDARD_RULE)]
+
+
+FLASH_FALLBACK = f". {FLASH_RULE}; {UNIT_RULE}"
+STANDARD_FALLBACK = f". Read Q and K, write S; read S, write P; read P and V, write O; {UNIT_RULE}"
+
+
+def _io_numbers(raw: Any) -> tuple[float, float]:
+    """The two counts as floats, or a CheckFailure saying what the answer is instead."""
+    raw = plain(raw, "your prediction")  # exact built-ins: a subclass's methods never run
+    if isinstance(raw, torch.Tensor) and raw.numel() == 2:
+        raw = tuple(raw.flatten().tolist())
+    if isinstance(raw, torch.Tensor) and raw.numel() == 1:
+        raw = raw.item()
+    if isinstance(raw, numbers.Real) and not isinstance(raw, bool) and math.isfinite(float(raw)):
+        got = float(raw)
+        standard, tiled = io_bytes_answer()
+        if any(_io_close(got, value) for value in (io_ratio_answer(), 8.0)):
+            raise CheckFailure(f"Observed: one number, {got:.4g}, the ratio of the two counts. Return "
+                               "the two counts themselves, (standard_bytes, flash_bytes): the cell "
+                               "after the checker divides them.", mistake="the ratio, not the counts")
+        if _io_close(got, 1 / io_ratio_answer()):
+            raise CheckFailure(f"Observed: one number, {got:.4g}, FlashAttention-2's count over "
+                               "standard attention's. Return the two counts themselves, "
+                               "(standard_bytes, flash_bytes).", mistake="the ratio, not the counts")
+        which = ("standard attention's count" if _io_close(got, standard) else
+                 "FlashAttention-2's count" if _io_close(got, tiled) else "")
+        raise CheckFailure(f"Observed: one number, {got:.4g}{' (' + which + ')' if which else ''}. "
+                           "Return a tuple of two numbers, (standard_bytes, flash_bytes): standard "
+                           "attention's bytes first, FlashAttention-2's second.",
+                           mistake="one count" if which else None)
+    if not isinstance(raw, (tuple, list)) or len(raw) != 2:
+        size = f" of {len(raw)}" if isinstance(raw, (tuple, list)) else ""
+        raise CheckFailure(f"Return a tuple of two numbers, (standard_bytes, flash_bytes); got "
+                           f"{type(raw).__name__}{size} {repr(raw)[:80]}.")
+    got = []
+    for value, name in zip(raw, ("standard attention's", "FlashAttention-2's")):
+        if isinstance(value, torch.Tensor) and value.numel() == 1:
+            value = value.item()
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(
+                float(value)):
+            raise CheckFailure(f"Return two numbers, (standard_bytes, flash_bytes); {name} count is "
+                               f"{type(value).__name__} {repr(value)[:80]}.")
+        got.append(float(value))
+    return got[0], got[1]
 
 
 @checker
 def check_io_ratio(fn: Callable[[], Any]) -> None:
-    """Check ``fn() -> number``: standard attention's bytes over FlashAttention-2's, at 16k."""
+    """Check ``fn() -> (standard_bytes, flash_bytes)``: one head's forward pass at 16k, each to 5%."""
     if not callable(fn):
         raise CheckFailure(f"Hand in your function itself (without parentheses), got {type(fn).__name__}.")
     try:
-        with time_limit(TIME_LIMIT, "Your prediction ran for more than a minute and was stopped."):
+        with time_limit(TIME_LIMIT, "Your prediction ran for more than a minute and was stopped."), \
+                calls_to([flash.attention_io_bytes]) as called:
             raw = fn()
     except (NotImplementedError, CheckFailure):
         raise
     except Exception as err:
-        raise CheckFailure(f"Your code raised {type(err).__name__}: {err}. Return one number.") from err
-    if isinstance(raw, torch.Tensor) and raw.numel() == 1:
-        raw = raw.item()
-    if isinstance(raw, bool) or not isinstance(raw, numbers.Real) or not math.isfinite(float(raw)):
-        raise CheckFailure(f"Return one number (a ratio, such as 3.5), got {type(raw).__name__} {raw!r}.")
-    got, right = float(raw), io_ratio_answer()
-    if abs(got - right) <= 0.05 * right:
-        print(f"check_io_ratio: right, about {right:.1f}x: standard attention moves 4 L^2 numbers "
-              f"(S and P, each written and read), FlashAttention-2 about 2 L^2 d / {IO_BLOCK} (K and V "
-              f"read again for each of the {IO_L // IO_BLOCK} query tiles).")
+        raise CheckFailure(f"Your code raised {type(err).__name__}: {err}. Return two numbers, "
+                           "(standard_bytes, flash_bytes).") from err
+    if called:
+        raise CheckFailure("Your function calls course_lib's attention_io_bytes, the count this "
+                           "exercise asks you to make: count the transfers by the rules above.")
+    got_s, got_f = _io_numbers(raw)
+    standard, tiled = io_bytes_answer()
+    if _io_close(got_s, standard) and _io_close(got_f, tiled):
+        print(f"check_io_ratio: right: about {standard / 2**30:.2f} GiB for standard attention (4 L² "
+              f"numbers: S and P, each written and read back) and {tiled / 2**30:.2f} GiB for "
+              f"FlashAttention-2 (about 2 L² d / {IO_BLOCK}: K and V read again for each of the "
+              f"{IO_TILES} query tiles).")
         return
-    matches = sorted((abs(got - value) / value, what, fix) for value, what, fix in _io_miscounts()
-                     if abs(got - value) <= 0.05 * value)  # the closest first
-    off = (f" ({right / got:.2g}x too small)" if got < right else f" ({got / right:.2g}x too large)"
-           ) if 0 < got < 1e4 else ""
-    if len(matches) == 1:
-        _, what, fix = matches[0]
-        raise CheckFailure(f"Not quite: {got:.4g}{off} matches {what}; {fix}.", mistake=what)
-    if matches:  # several counts give this value: say which, blame none of them
-        fixes = list(dict.fromkeys(fix for _, _, fix in matches))
-        raise CheckFailure(f"Not quite: {got:.4g}{off} is what any of these gives: "
-                           + "; ".join(what for _, what, _ in matches)
-                           + ". Check each against the question: " + "; ".join(fixes) + ".")
-    if got <= 0:
-        raise CheckFailure(f"Not quite: {got:.4g}, while a ratio of two counts of bytes is positive. "
-                           + IO_RECIPE)
-    if got > 1e4:
-        raise CheckFailure(f"Not quite: {got:.4g} looks like a count of bytes or numbers, not a ratio. "
-                           + IO_RECIPE)
-    raise CheckFailure("Not quite: " + ("too small" if got < right else "too large") + ". " + IO_RECIPE)
+    if _io_close(got_s, tiled) and _io_close(got_f, standard):
+        raise CheckFailure(f"Observed: the two counts are swapped: {got_s:,.4g} bytes first, "
+                           f"{got_f:,.4g} second. Return (standard_bytes, flash_bytes), standard "
+                           "attention's first.", mistake="swapped")
+    for factor, what in IO_UNITS:
+        if _io_close(got_s, factor * standard) and _io_close(got_f, factor * tiled):
+            raise CheckFailure(f"Observed: both counts are {_times(got_s, standard)} "
+                               f"({got_s:,.4g} and {got_f:,.4g}): {what}.", mistake=what)
+    if min(got_s, got_f) <= 0:
+        raise CheckFailure(f"Observed: a count of {min(got_s, got_f):.4g} bytes: a count of bytes "
+                           "moved is positive. Return (standard_bytes, flash_bytes).")
+    say_s, names_s = _judge_count(got_s, standard, "standard-attention",
+                                  _standard_miscounts(), _standard_times(got_s), STANDARD_FALLBACK)
+    say_f, names_f = _judge_count(got_f, tiled, "FlashAttention-2",
+                                  _flash_miscounts(), _flash_times(got_f), FLASH_FALLBACK)
+    if {"numbers, not bytes", THETA_STANDARD} <= set(names_s) and names_f and not any(
+            n == "numbers, not bytes" or "in numbers:" in n for n in names_f):  # flash's is in bytes
+        say_s, names_s = _judge_count(got_s, standard, "standard-attention", [
+            c for c in _standard_miscounts() if c[1] != "numbers, not bytes"], [], STANDARD_FALLBACK)
+    parts = [p for p in (say_s, say_f) if p]
+    right = ("; standard attention's count is right" if not say_s else
+             "; FlashAttention-2's count is right" if not say_f else "")
+    names = names_s + names_f
+    raise CheckFailure("Observed: " + ". And ".join(parts) + right + ".",
+                       mistake=names[0] if len(names) == 1 else None)

@@ -34,6 +34,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from .. import paged
 from .common import CheckFailure, calls_to, checker, is_course_lib, one_thread, time_limit
 from .lesson13_scale import SdpaWatch
+from .lesson13_scale_mistakes import later_max_said
 
 __all__ = ["check_paged_attention"]
 
@@ -65,6 +66,11 @@ _RESCALE_FIX = ("when the maximum grows from m_old to m_new, multiply both the o
 _MISTAKES = [  # (knob, what is observed, what to do)
     ("table ignored", "logical block n is read from physical block n: the block table is not used",
      "the keys of logical block n live in physical block block_table[n]"),
+    ("table sorted", "the blocks are read in the order of their physical numbers, "
+                     "sorted(block_table), not in the table's order: the keys of logical block n come "
+                     "from another physical block, and the last, partly filled block is cut where "
+                     "another block's slots are", "the keys of logical block n live in physical block "
+                     "block_table[n]: walk the table in its own order"),
     ("flat pool", "the pool is flattened to (num_kv_heads, num_blocks * block_size, head_dim) with a "
                   "reshape that mixes the heads axis with the blocks (k_blocks is (num_blocks, "
                   "num_kv_heads, block_size, head_dim))",
@@ -112,6 +118,10 @@ _MISTAKES = [  # (knob, what is observed, what to do)
     ("normalised per block", "each block's o is divided by its own ell before the merge, and the "
                              "merged o is divided by ell once more at the end",
      "keep each block's o as it comes, sum of exp(s - m) * v, merge, and divide once, at the end"),
+    ("divided in the loop", "o is divided by ell after every block's merge, and ell set back to 1: "
+                            "the earlier keys then weigh in the next merge as if their sum of "
+                            "exp(s - m) were 1, not ell",
+     "keep o and ell as running sums through the loop, and divide once, after the last block"),
     ("sum over heads", "each block's ell is one sum over every head's scores (and its maximum one "
                        "maximum over every head), not one per head along its keys",
      "the block's scores s are (num_heads, n): m = s.amax(-1) and ell = p.sum(-1), one per head"),
@@ -131,7 +141,7 @@ _MISTAKES = [  # (knob, what is observed, what to do)
      "blocks hold different numbers of keys and different maxima: merge their states (m, ell, o), "
      "then divide once"),
 ]
-_TILED = {"axes swapped", "ell not o", "o not ell", "no rescale", "no rescale, new max",
+_TILED = {"axes swapped", "divided in the loop", "ell not o", "o not ell", "no rescale", "no rescale, new max",
           "o added as is", "ell added as is",
           "normalised per block", "sum over heads", "sum over heads, own max", "sum of tiles"}
 
@@ -149,6 +159,7 @@ def _attend(q: torch.Tensor, k_blocks: torch.Tensor, v_blocks: torch.Tensor, tab
         raise ValueError("this variant cannot run on this case")
     logical = range(math.ceil(n_keys / bs))
     physical = list(logical) if knob == "table ignored" else [table[n] for n in logical]
+    physical = sorted(physical) if knob == "table sorted" else physical
     if knob == "flat pool":
         flat = [table[p // bs] * bs + p % bs for p in range(n_keys)]
         k = k_blocks.reshape(kv, num_blocks * bs, d)[:, flat]
@@ -221,6 +232,8 @@ def _tiled(q: torch.Tensor, k_blocks: torch.Tensor, v_blocks: torch.Tensor, tabl
         ell = ell + lb if knob == "ell added as is" else a_ell * ell + c * lb
         o = o + ob if knob == "o added as is" else a_o[:, None] * o + c[:, None] * ob
         m = m_new
+        if knob == "divided in the loop":  # o normalised after each merge, ell reset to 1
+            o, ell = o / ell[:, None], torch.ones_like(ell)
     if knob == "sum of tiles":
         return torch.stack(tiles).sum(0)
     return o / ell[:, None]
@@ -426,11 +439,17 @@ def _diagnose(runs: list[tuple[int, torch.Tensor, torch.Tensor]]) -> None:
     rows = [i for i in range(heads) if (got[i].to(torch.float64) - expected[i]).abs().max() >
             tolerance(n, got)]
     blocks = math.ceil(length / bs)
+    q, k_blocks = inputs[0], inputs[1]
+    keys = torch.cat([k_blocks[b, :, :min(bs, length - i * bs)] for i, b in enumerate(table[:blocks])],
+                     dim=1)[torch.arange(heads) // (heads // kv)]  # (heads, length, d)
+    bad = torch.zeros(heads, 1, dtype=torch.bool)
+    bad[rows] = True
+    late = later_max_said(q[:, None], keys, False, bs, bad).replace("rows", "heads")
     passed = [_CASES[k][0] for k, g, e in runs if _max_diff(g, e) <= 1e-9]
     passing = f"Cases that pass: {'; '.join(passed)}." if passed else "No case passes yet."
     raise CheckFailure(
         f"Not yet ({case}): largest difference {_max_diff(got, expected):.3g} from attention over the "
-        f"sequence's positions 0 .. length - 1, in query heads {rows}. None of the usual mistakes "
+        f"sequence's positions 0 .. length - 1, in query heads {rows}{late}. None of the usual mistakes "
         f"explains it. This case: num_heads {heads}, num_kv_heads {kv}, head_dim {d}, block_size {bs}, "
         f"block_table {table}, length {length}: {blocks} blocks, the last holding "
         f"{length - (blocks - 1) * bs} of {bs} slots. {passing} To compare block by block, rebuild it: "

@@ -139,6 +139,10 @@ MISTAKES = [  # (the edit of the solution's source, the mistake the checker name
     ([("torch.arange(i0, i0 + q_i.size(0))", "torch.arange(j0, j0 + q_i.size(0))"),
       ("torch.arange(j0, j0 + k_j.size(0))", "torch.arange(i0, i0 + k_j.size(0))")], "mask offset reversed"),
     ([("cols > rows", "cols > rows + 1")], "mask one key late"),
+    ([("cols > rows", "cols > rows + (k_j.size(0) - q_i.size(0))")], "mask bottom-right in the tile"),
+    ([("dk_j = ds.T @ q_i * scale", "dk_j = ds.T @ k_j * scale")], "dK from K"),
+    ([("dq_i = ds @ k_j * scale", "dq_i = ds @ q_i * scale")], "dQ from Q"),
+    ([("dq_i = ds @ k_j * scale", "dq_i = ds @ v_j * scale")], "dQ = dS V"),
 ]
 
 
@@ -264,56 +268,125 @@ def test_in_place_changes_and_an_endless_loop(monkeypatch):
     _fails(endless, "was stopped")
 
 
-# --- the Predict exercise on bytes ----------------------------------------------------------------
+# --- the Predict exercise on bytes: two counts, each judged by itself -----------------------------
 
-def test_the_io_prediction_passes_exact_and_rounded(capsys):
-    predicted = solution_namespace("13.io_ratio")["predicted_io_ratio"]
+_L, _D, _T = 16384, 64, 64
+_LD, _L2 = _L * _D, _L * _L
+_STANDARD, _FLASH = 4 * (4 * _LD + 4 * _L2), 4 * (2 * _LD + 2 * _T * _LD + _L)
+
+
+def _flash_bytes(tiles, d=_D):
+    return 4 * (2 * _L * d + 2 * tiles * _L * d + _L)
+
+
+def _io_message(value):
+    with pytest.raises(CheckFailure) as info:
+        backward.check_io_ratio(lambda: value)
+    return info.value
+
+
+def test_the_io_prediction_passes_exact_rounded_and_in_other_types(capsys):
+    predicted = solution_namespace("13.io_ratio")["predicted_io_bytes"]
     assert passes(backward.check_io_ratio, predicted)
-    assert passes(backward.check_io_ratio, lambda: 8)  # the Θ terms alone: 4 L² / (2 L² d / 256)
-    assert passes(backward.check_io_ratio, lambda: torch.tensor(7.9))
-    assert math.isclose(predicted(), flash.attention_io_bytes(16384, 64, "standard")
-                        / flash.attention_io_bytes(16384, 64, "flash", block=256))
+    assert predicted() == (flash.attention_io_bytes(16384, 64, "standard"),
+                           flash.attention_io_bytes(16384, 64, "flash", block=256))
+    assert passes(backward.check_io_ratio, lambda: (4 * 4 * _L2, 4 * 2 * _L2 * _D / 256))  # Θ terms
+    assert passes(backward.check_io_ratio, lambda: [torch.tensor(_STANDARD), float(_FLASH)])
+    assert passes(backward.check_io_ratio, lambda: torch.tensor([_STANDARD, _FLASH], dtype=torch.float64))
+    assert passes(backward.check_io_ratio, lambda: (_STANDARD, _FLASH - 4 * _LD))  # O forgotten: 5%
+    assert "0.51 GiB" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("value, words", [
-    (0.126, "upside down"), (256, "reading K and V once"), (5.33, "three L x d matrices"),
-    (5.94, "three L x L"), (31.6, "in bytes over FlashAttention-2 in numbers"),
-    (12.05, "M = 192 KB of float32"), (48.2, "192 KB counted in bytes"), (6.9, "the extra over"),
-    (0.874, "fraction"), (3.77e9, "the bytes FlashAttention-2 saves"),
-    (4.31e9, "standard attention's bytes"), (1.0, "tiles of 32 queries"),
+    ((4 * (4 * _LD + 2 * _L2), _FLASH), ["standard-attention count", "two L x L transfers",
+                                          "written but not read back", "P left out",
+                                          "FlashAttention-2's count is right"]),
+    ((4 * (4 * _LD + 3 * _L2), _FLASH), ["three L x L transfers"]),
+    ((4 * (4 * _LD + _L2), _FLASH), ["one L x L transfer"]),
+    ((_STANDARD / 4, _FLASH), ["standard-attention count", "numbers, not bytes"]),
+    ((_STANDARD, _FLASH / 4), ["FlashAttention-2 count", "numbers, not bytes",
+                               "standard attention's count is right"]),
+    ((_STANDARD, _flash_bytes(1)), ["K and V read once in all"]),
+    ((_STANDARD, 4 * (2 * _LD + _T * _LD + _L)), ["K and V counted as L d numbers together",
+                                                  "tiles of 512 queries"]),
+    ((_STANDARD, 4 * (3 * _LD + _T * _LD + _L)), ["only one of K and V read once per query tile"]),
+    ((_STANDARD, _flash_bytes(128)), ["tiles of 128 queries", "head_dim 128"]),
+    ((_STANDARD, _flash_bytes(86)), ["tiles of 192 queries", "M / (4d)"]),
+    ((_STANDARD, _flash_bytes(_L / 192)), ["tiles of 192 queries"]),
+    ((_STANDARD, _flash_bytes(_T, 128)), ["head_dim 128, not 64"]),
+    ((_STANDARD, _flash_bytes(256)), ["tiles of 64 queries", "L / head_dim"]),
+    ((_STANDARD, _flash_bytes(100)), ["K and V read 100 times"]),
+    ((_STANDARD, 4 * (_LD + 3 * _T * _LD + _LD + _L)), ["Q read again with K and V"]),
+    ((_STANDARD, _FLASH + 4 * 4 * _L2), ["S and P written and read back"]),
+    ((_STANDARD, 4 * _L2 * _D * _D / (192 * 1024 / 4)), ["Theorem 2's bound", "192 KB of float32"]),
+    ((_STANDARD, _FLASH * 8), ["bits, not bytes"]),
+    ((_FLASH, _STANDARD), ["swapped"]),
+    ((_STANDARD / 4, _FLASH / 4), ["both counts", "numbers, not bytes"]),
+    ((_STANDARD * 8, _FLASH * 8), ["both counts", "bits"]),
+    ((_STANDARD * 2, _FLASH * 2), ["both counts", "float64"]),
+    ((_STANDARD / 2, _FLASH / 2), ["both counts", "float16"]),
+    ((_STANDARD / 2**30, _FLASH / 2**30), ["both counts", "GiB"]),
+    (_STANDARD / _FLASH, ["one number", "the ratio of the two counts", "(standard_bytes, flash_bytes)"]),
+    (8, ["the ratio of the two counts"]),
+    (_FLASH / _STANDARD, ["FlashAttention-2's count over standard attention's"]),
+    (_STANDARD, ["one number", "standard attention's count"]),
 ])
 def test_the_io_miscounts_are_named(value, words):
-    with pytest.raises(CheckFailure) as info:
-        backward.check_io_ratio(lambda: value)
-    assert words in str(info.value) and info.value.mistake, str(info.value)
-
-
-@pytest.mark.parametrize("value, words", [
-    (2.0, ["tiles of 64 queries", "one L x L transfer", "in numbers over FlashAttention-2 in bytes"]),
-    (3.969, ["2x too small", "head_dim 128", "two L x L transfers", "tiles of 128 queries",
-             "the reads alone"]),
-    (15.6, ["only K", "tiles of 512 queries", "head_dim 32"]),
-    (505, ["the writes alone", "without K and V"]),
-])
-def test_an_io_value_several_counts_give_blames_none(value, words):
-    """2.0 is tiles of 64 queries as well as S counted once: list them, assert neither."""
-    with pytest.raises(CheckFailure) as info:
-        backward.check_io_ratio(lambda: value)
-    assert "any of these" in str(info.value) and info.value.mistake is None, str(info.value)
+    message = str(_io_message(value))
+    assert message.startswith("Observed"), message
     for word in words:
-        assert word in str(info.value), str(info.value)
+        assert word in message, message
+
+
+def test_both_counts_wrong_get_both_names():
+    message = str(_io_message((4 * (4 * _LD + 2 * _L2), _flash_bytes(1))))
+    assert "two L x L transfers" in message and "K and V read once in all" in message, message
 
 
 @pytest.mark.parametrize("value, words", [
-    (40, "too large"), (1.3, "too small"), (-2, "positive"), (0, "positive"), (1e12, "count of bytes or numbers"),
-    ("8", "Return one number"), (None, "Return one number"),
+    ((4 * (4 * _LD + 4 * _L2 * _D), _FLASH), ["each score counted as head_dim = 64 numbers"]),
+    ((_STANDARD, 12345.0), ["FlashAttention-2 count", "once per query tile"]),
+    ((-2, _FLASH), ["positive"]), ((0, 0), ["positive"]),
+    ("8", ["Return a tuple of two numbers"]), (None, ["Return a tuple of two numbers"]),
+    ((1, 2, 3), ["tuple of 3"]), ((_STANDARD, None), ["FlashAttention-2's count is NoneType"]),
+    ((float("nan"), _FLASH), ["Return two numbers"]), (-1.0, ["one number"]),
 ])
 def test_other_io_answers_get_a_message(value, words):
-    with pytest.raises(CheckFailure) as info:
-        backward.check_io_ratio(lambda: value)
-    assert words in str(info.value), str(info.value)
+    message = str(_io_message(value))
+    for word in words:
+        assert word in message, message
 
 
-def test_no_miscount_is_near_the_right_ratio():
-    right = backward.io_ratio_answer()
-    assert all(abs(value - right) > 0.1 * right for value, _, _ in backward._io_miscounts())
+def test_the_io_checker_refuses_attention_io_bytes_and_errors():
+    def ready_made():
+        return (flash.attention_io_bytes(16384, 64, "standard"),
+                flash.attention_io_bytes(16384, 64, "flash", block=256))
+
+    with pytest.raises(CheckFailure, match="attention_io_bytes"):
+        backward.check_io_ratio(ready_made)
+    with pytest.raises(CheckFailure, match="ZeroDivisionError"):
+        backward.check_io_ratio(lambda: 1 / 0)
+    with pytest.raises(CheckFailure, match="without parentheses"):
+        backward.check_io_ratio((_STANDARD, _FLASH))
+
+
+def test_no_io_miscount_is_near_a_right_count():
+    standard, tiled = backward.io_bytes_answer()
+    assert all(abs(value - standard) > 0.1 * standard for value, _, _ in backward._standard_miscounts())
+    assert all(abs(value - tiled) > 0.1 * tiled for value, _, _ in backward._flash_miscounts())
+
+
+# --- the previous tryout's weak classes (issue #48): each named by what is observed ---------------
+
+def test_a_mask_aligned_to_the_tiles_bottom_right_is_named():
+    wrong = _edited(("s = s.masked_fill(cols > rows, float(\"-inf\"))",
+                     "s = s.masked_fill(cols > rows + (k_j.size(0) - q_i.size(0)), float(\"-inf\"))"))
+    failure = _fails(wrong, "Likely mistake", "bottom-right corner", "top-left")
+    assert failure.mistake and "bottom-right" in failure.mistake
+
+
+def test_dk_from_k_and_dq_from_q_are_named():
+    _fails(_edited(("dk_j = ds.T @ q_i * scale", "dk_j = ds.T @ k_j * scale")), "Likely mistake",
+           "dK is what dSᵀ K_j · scale gives")
+    _fails(_edited(("dq_i = ds @ k_j * scale", "dq_i = ds @ q_i * scale")), "Likely mistake",
+           "dQ is what dS Q_i · scale gives")

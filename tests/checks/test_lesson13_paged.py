@@ -373,3 +373,27 @@ def test_bad_answers_get_a_message(capsys):
 
 def test_the_checker_keeps_the_random_state():
     assert_checkers_keep_random_state([(check_paged_attention, per_head_loop)])
+
+
+def test_a_table_walked_in_sorted_order_is_named():
+    """The tryout's attempt: the blocks visited in sorted(block_table) order, each filled as logical n."""
+    def my_paged_attention(q, k_blocks, v_blocks, block_table, length):
+        num_heads, head_dim = q.shape
+        num_kv, block_size = k_blocks.size(1), k_blocks.size(2)
+        kv_of_head = torch.arange(num_heads) // (num_heads // num_kv)
+        m = torch.full((num_heads,), -math.inf, dtype=q.dtype)
+        ell = torch.zeros(num_heads, dtype=q.dtype)
+        o = torch.zeros(num_heads, v_blocks.size(-1), dtype=q.dtype)
+        n_blocks = (length + block_size - 1) // block_size
+        for n, physical in enumerate(sorted(block_table[:n_blocks])):
+            filled = min(block_size, length - n * block_size)
+            kb, vb = k_blocks[physical, kv_of_head, :filled], v_blocks[physical, kv_of_head, :filled]
+            s = torch.einsum("hd,hnd->hn", q, kb) / math.sqrt(head_dim)
+            m_b = s.amax(dim=-1)
+            p = torch.exp(s - m_b[:, None])
+            m, ell, o = merge_softmax_states(m, ell, o, m_b, p.sum(-1),
+                                             torch.einsum("hn,hnd->hd", p, vb))
+        return o / ell[:, None]
+    with pytest.raises(CheckFailure, match="Likely mistake") as info:
+        check_paged_attention(my_paged_attention)
+    assert "sorted(block_table)" in str(info.value) and info.value.mistake == "table sorted"

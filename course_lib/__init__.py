@@ -31,6 +31,7 @@ tests/lib/test_package_map.py fails when a module is missing here or breaks that
     14     data_parallel  a bucketed DDP container built by hand (as CS336's), and its timeline
     14     sharding       ZeRO-1 around any optimizer, ZeRO's bytes per rank, collectives counted
     14     train_ddp      lesson 09's GPT under torchrun with DDP or FSDP2
+    15     lora           LoRA by hand: LoRALinear, adapters on a frozen GPT, merge and unmerge (= PEFT)
     01-12  viz            pictures: attention heatmaps, masks, curves
     02-12  bertviz_views  bertviz's interactive views, drawn offline
 
@@ -77,6 +78,7 @@ The grader, ``grading/`` (``python -m course_lib.grading``; docs/instructors.md)
     grading.gradescope_run  what that autograder runs on Gradescope
     grading.shards          grading a class in shards on several machines
     grading.merge           merging the shards' rows
+    grading.journal         a run killed midway: the journal it resumes from, nothing left running
 
 Old names, kept importable until Part IV is complete (docs/developers.md): ``tasks``, ``stored``,
 ``adam_betas``, ``dates_remedy``, ``tokens_vs_chars``, ``ablation``, ``extrapolation``, ``grade``.

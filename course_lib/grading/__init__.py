@@ -11,4 +11,7 @@ export, matched to the file stems), ``canvas`` and ``moodle`` (their import file
 (those options on the command line), ``shards`` (``--shard K/N`` and rows.json), ``merge``
 (``python -m course_lib.grading.merge``), ``gradescope`` (the autograder zip) and
 ``gradescope_run`` (inside Gradescope's container: grade, write results.json).
+
+A run killed midway (#49): ``journal`` (what the same command resumes from; dead runs' scratch
+folders removed).
 """

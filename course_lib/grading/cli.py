@@ -14,7 +14,9 @@ used. The file name's stem is the learner's id; the lesson is recognised from th
 Writes DIR/grades.csv, DIR/grades_NN.csv per lesson, DIR/report.html, DIR/feedback/<student>.html
 and DIR/rows.json (for merging shards); with --roster (or --canvas-assignment) DIR/grades_canvas_NN.csv,
 with --moodle-id DIR/grades_moodle_NN.csv (only the latter for a Moodle roster, which has none of
-Canvas's columns). See docs/instructors.md.
+Canvas's columns). While it runs, DIR/journal.jsonl holds every finished row: a run killed midway
+(without the sandbox, a kernel can kill it) is finished by the same command again (journal.py).
+See docs/instructors.md.
 """
 
 from __future__ import annotations
@@ -23,15 +25,28 @@ import argparse
 import os
 import secrets
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from multiprocessing import get_context
 from pathlib import Path
 
 from . import platforms
+from .journal import (
+    STOPPED,
+    Journal,
+    claim_scratch_root,
+    record_finished,
+    remove_stale,
+    resume,
+    settings_key,
+    stopped_row,
+    submission_digest,
+)
 from .lessons import read_lessons
 from .report import write_all
 from .roster import match
@@ -99,8 +114,9 @@ def choose_sandbox(choice: str) -> tuple[str, str]:
                          "(Debian/Ubuntu: apt-get install bubblewrap)")
     if choice == "none" or not works:
         why = "--sandbox none" if choice == "none" else "bubblewrap (bwrap) is not available here"
-        return "none", (f"grade: NO SANDBOX ({why}): each kernel runs as you, with your files and network; "
-                        "see docs/instructors.md")
+        return "none", (f"grade: NO SANDBOX ({why}): each kernel runs as you, with your files and network, "
+                        "and can kill the grader: then run the same command again, it resumes (nothing is "
+                        "lost or left running); see docs/instructors.md")
     return "bwrap", ("grade: sandbox bwrap: each kernel sees the file system read-only, its own scratch "
                      "folder, a private /tmp, no network, no other process")
 
@@ -110,12 +126,14 @@ def grade_all(paths: list[Path], settings: Settings, workers: int,
     """Grade every submission, ``workers`` at a time, each worker in its own process. A worker lost
     on the way (killed from a kernel) costs only the rows it was grading: they are tried once more,
     one at a time, then get the status "grader error". ``contents``: the files' texts, read before
-    any kernel started; ``sizes``: the sizes of those too large to read."""
+    any kernel started; ``sizes``: the sizes of those too large to read. Each row is written to
+    ``settings.journal`` as it comes in. The workers die with this process (``die_with_parent``)."""
     rows: dict[Path, Graded] = {}
     start = time.monotonic()
 
     def done(path: Path, row: Graded) -> None:
         rows[path] = row
+        record_finished(settings.journal, row, submission_digest((contents or {}).get(path), (sizes or {}).get(path)))
         marks = row.marks()
         left = len(paths) - len(rows)
         spent = time.monotonic() - start
@@ -126,7 +144,7 @@ def grade_all(paths: list[Path], settings: Settings, workers: int,
     def run(batch: list[Path], n: int) -> list[Path]:
         lost = []
         with ProcessPoolExecutor(n, mp_context=get_context("spawn"), initializer=configure_worker,
-                                 initargs=(settings.threads,)) as pool:
+                                 initargs=(settings.threads, os.getpid())) as pool:
             futures = {pool.submit(grade_submission, p, settings, None, (contents or {}).get(p),
                                    (sizes or {}).get(p)): p for p in batch}
             for future in as_completed(futures):
@@ -213,42 +231,124 @@ def main(argv: list[str] | None = None) -> int:
     memory = int(args.memory_gb * 2**30) if args.memory_gb else max(4 * 2**30, ram // workers)
     hidden = sorted({str(p.resolve().parent) for p in paths if not _holds_course(p.resolve().parent)}
                     | {str(p.resolve()) for p in paths} | {str(args.out.resolve())})
-    scratch_root = tempfile.mkdtemp(prefix="grade-run-")
-    os.chmod(scratch_root, 0o700)
-    sockets = socket_root(scratch_root)  # None unless TMPDIR is too long for a socket's address
     settings = Settings(cell_timeout=args.timeout, notebook_timeout=args.notebook_timeout,
                         recheck_timeout=args.recheck_timeout,
                         memory_bytes=memory, threads=max(1, cores() // workers), sandbox=mode,
-                        scratch_root=scratch_root, socket_root=sockets, hidden=hidden, max_notebook_bytes=max_bytes,
+                        hidden=hidden, max_notebook_bytes=max_bytes,
                         seed=secrets.randbits(30))  # the re-check's seeds: one fresh draw per batch
+    # The journal (journal.py): what an earlier run of these settings finished is not graded again
+    key = settings_key(settings, lessons)
+    journal = Journal(args.out, key)
+    digests = {p.stem: submission_digest(contents.get(p), sizes.get(p)) for p in paths}
+    try:
+        earlier = resume(journal.open(), key, digests)
+    except (RuntimeError, OSError) as err:
+        parser.exit(2, f"grade: {err}\n")
+    settings.journal = journal.for_workers()
+    rows_of: dict[str, Graded] = dict(earlier.rows)
+    for stem, row in earlier.stopped.items():
+        path = next(p for p in paths if p.stem == stem)
+        rows_of[stem] = stopped_row(row, contents.get(path), lessons)
+        record_finished(settings.journal, rows_of[stem], digests[stem])
+    note = ""
+    if earlier.rows or earlier.stopped or earlier.alone:
+        note = (f"resumed: {len(earlier.rows)} row(s) taken from the journal of an earlier run that stopped "
+                "(not graded again)"
+                + (f"; {len(earlier.stopped)} not run again, status '{STOPPED}' (the grader stopped while "
+                   f"grading it): {', '.join(sorted(earlier.stopped))}" if earlier.stopped else "")
+                + (f"; {len(earlier.alone)} graded again, alone first (in flight when it stopped): "
+                   f"{', '.join(earlier.alone)}" if earlier.alone else ""))
+        print(f"grade: {note}", flush=True)
+    if earlier.ignored:
+        print(f"grade: {earlier.ignored} line(s) of an earlier run's journal were for other settings (limits, "
+              "sandbox, the course's code) or other files: not used, those are graded afresh", flush=True)
+    todo = [p for p in paths if p.stem not in rows_of]
+    alone = [p for p in todo if p.stem in earlier.alone]
+    rest = [p for p in todo if p.stem not in earlier.alone]
+    removed = remove_stale()  # the scratch folders of grading runs that died (never a live run's)
+    if removed:
+        print(f"grade: removed {len(removed)} scratch or socket folder(s) of grading runs that died", flush=True)
+    scratch_root = tempfile.mkdtemp(prefix="grade-run-")
+    os.chmod(scratch_root, 0o700)
+    claim_scratch_root(scratch_root)  # whose it is: the next run removes it if this one is killed
+    sockets = socket_root(scratch_root)  # None unless TMPDIR is too long for a socket's address
+    settings.scratch_root, settings.socket_root = scratch_root, sockets
     start = time.monotonic()
     already = set(descendants(os.getpid()))  # (a caller's own processes, e.g. a test runner's)
     become_subreaper()
+    # the command line's Ctrl-C, SIGTERM, SIGHUP: say so in the journal, end everything, exit
+    handlers = _stop_on_signals(journal, already, [scratch_root, sockets]) if argv is None else {}
     try:
-        rows = grade_all(paths, settings, workers, contents, sizes) if paths else []
+        for batch, n in ((alone, 1), (rest, workers)):  # the suspects of a run that stopped: one at a time
+            if batch:
+                rows_of.update((r.student, r) for r in grade_all(batch, settings, n, contents, sizes))
+    except BaseException:
+        journal.close(remove=False)  # kept: the same command again resumes
+        raise
     finally:  # here, not in the workers: a worker killed mid-run removes nothing
+        _restore(handlers)
         # a worker's leftovers (bwrap around a kernel) are this process's now: end and reap them,
         # or they stay as zombies of whoever called main()
         end_processes(already)
         shutil.rmtree(scratch_root, ignore_errors=True)
         if sockets:
             shutil.rmtree(sockets, ignore_errors=True)
+    rows = [rows_of[p.stem] for p in paths]
     graded = sum(r.status == "graded" for r in rows)
     print(f"grade: {len(rows)} submissions ({graded} graded cleanly) in {time.monotonic() - start:.0f} s on "
           f"{workers} worker(s), sandbox {mode}")
-    for written in write_outputs(args.out, rows, lessons, line, platform, shard, [p.stem for p in everyone]):
+    for written in write_outputs(args.out, rows, lessons, line, platform, shard, [p.stem for p in everyone],
+                                 note):
         print(f"grade: {written}", flush=True)
+    journal.close(remove=True)  # every file is written: nothing to resume
     return 0
 
 
+_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
+
+
+def _stop_on_signals(journal: Journal, keep: set[int], folders: list[str | None]) -> dict[int, object]:
+    """On SIGINT, SIGTERM or SIGHUP: say so in the journal (what was in flight is then graded again by
+    the next run, not given 0), end the workers and kernels, remove ``folders`` and exit now (unwinding
+    through the worker pool would wait for the submissions in flight). Returns the handlers to put
+    back (none off the main thread)."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+
+    def stop(signum: int, frame: object) -> None:
+        for sig in _SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)  # once: the clean-up below is not interrupted
+        name = signal.Signals(signum).name
+        try:
+            journal.write({"event": "caught", "signal": name})
+        except OSError:
+            pass
+        end_processes(keep)
+        for folder in folders:
+            if folder:
+                shutil.rmtree(folder, ignore_errors=True)
+        journal.close(remove=False)
+        print(f"grade: stopped by {name}; run the same command again to finish (what was graded is kept in "
+              f"{journal.path})", flush=True)
+        os._exit(128 + signum)
+
+    return {sig: signal.signal(sig, stop) for sig in _SIGNALS}
+
+
+def _restore(handlers: dict[int, object]) -> None:
+    for sig, handler in handlers.items():
+        signal.signal(sig, handler)
+
+
 def write_outputs(out: Path, rows: list[Graded], lessons: dict, sandbox: str, platform: platforms.Platform,
-                  shard: tuple[int, int] | None, class_stems: list[str]) -> list[str]:
+                  shard: tuple[int, int] | None, class_stems: list[str], note: str = "") -> list[str]:
     """Every file of a run (a shard writes no platform files and no roster lists: it holds only
-    part of the class; the merge writes them); returns the log's lines. ``merge`` calls it too."""
+    part of the class; the merge writes them); returns the log's lines. ``merge`` calls it too.
+    ``note``: a line for the top of report.html (rows resumed from a journal)."""
     write_rows(out, rows, class_stems, shard, sandbox, platform.record())
     matched = None if shard else platforms.roster_match(platform, rows)
     key = platform.roster.key if platform.roster else ""
-    write_all(out, rows, lessons, sandbox=sandbox, points=platform.points, matched=matched, key=key)
+    write_all(out, rows, lessons, sandbox=sandbox, points=platform.points, matched=matched, key=key, note=note)
     lines = platforms.roster_lines(matched, key)
     written = ["grades.csv", "grades_NN.csv", "report.html", "feedback/", "rows.json"]
     if shard:

@@ -93,7 +93,7 @@ def _roster_section(matched: RosterMatch | None, key: str) -> str:
 
 
 def _report(rows: list[Graded], lessons: dict[str, Lesson], sandbox: str = "",
-            matched: RosterMatch | None = None, roster_key: str = "") -> str:
+            matched: RosterMatch | None = None, roster_key: str = "", note: str = "") -> str:
     esc = html.escape
     graded = [r for r in rows if r.lesson and r.results]
     shares, pass_rows, mistakes = [], [], []
@@ -124,6 +124,7 @@ def _report(rows: list[Graded], lessons: dict[str, Lesson], sandbox: str = "",
     return (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>Class report</title>"
             f"<style>{_STYLE}</style></head><body><h1>Class report</h1>"
             + (f"<p class='warn'>{esc(sandbox)}</p>" if sandbox else "")
+            + (f"<p class='warn'>{esc(note)}</p>" if note else "")
             + f"<p>{len(rows)} submissions; {len(graded)} run and re-checked by the grader; lessons {n_lessons}. "
             "Every mark is the genuine checker's verdict on the learner's own code, re-run by the grader "
             "after the notebook.</p>"
@@ -170,15 +171,17 @@ def _feedback(row: Graded, lessons: dict[str, Lesson], points: dict[str, float] 
 
 
 def write_all(out: Path, rows: list[Graded], lessons: dict[str, Lesson], sandbox: str = "",
-              points: dict[str, float] | None = None, matched: RosterMatch | None = None, key: str = "") -> None:
+              points: dict[str, float] | None = None, matched: RosterMatch | None = None, key: str = "",
+              note: str = "") -> None:
     """grades.csv, grades_NN.csv per lesson, report.html and feedback/<student>.html under ``out``;
-    ``points`` weights exercises (default 1 each), ``matched`` adds the roster's section to the report."""
+    ``points`` weights exercises (default 1 each), ``matched`` adds the roster's section to the report,
+    ``note`` a line at its top (rows resumed from an earlier run's journal)."""
     rows = sorted(rows, key=lambda r: r.student)
     points = points or {}
     (out / "feedback").mkdir(parents=True, exist_ok=True)
     _csv(out / "grades.csv", rows, _columns(rows, lessons), points)
     for lid in sorted({r.lesson for r in rows if r.lesson}):
         _csv(out / f"grades_{lid}.csv", [r for r in rows if r.lesson == lid], lessons[lid].keys, points)
-    (out / "report.html").write_text(_report(rows, lessons, sandbox, matched, key), encoding="utf-8")
+    (out / "report.html").write_text(_report(rows, lessons, sandbox, matched, key, note), encoding="utf-8")
     for r in rows:
         (out / "feedback" / f"{r.student}.html").write_text(_feedback(r, lessons, points), encoding="utf-8")

@@ -29,9 +29,9 @@ from .lessons import NOTEBOOK_DIR, Lesson, match_lesson, read_lessons
 _HERE = Path(__file__).resolve().parent
 COURSE_LIB = _HERE.parent
 # The most important problem first: a row shows one status.
-STATUS_ORDER = ["too large", "not a notebook", "unknown lesson", "grader error", "results forged", "kernel died",
-                "timeout", "memory limit", "output too large", "stub moved", "cells deleted",
-                "cells reordered", "graded"]
+STATUS_ORDER = ["too large", "not a notebook", "unknown lesson", "grader stopped", "grader error",
+                "results forged", "kernel died", "timeout", "memory limit", "output too large", "stub moved",
+                "cells deleted", "cells reordered", "graded"]
 _MIME = "application/vnd.course-grader+json"  # kernel_side.MIME
 # The largest notebook the grader reads (--max-notebook-mb). The course's largest lesson notebook,
 # outputs included, is under 3 MB (02_multi_head_attention.ipynb, 2.9 MB); a learner's adds figures
@@ -76,6 +76,7 @@ class Settings:
     hidden: list[str] = field(default_factory=list)  # paths the sandbox hides (the class, the output)
     tmp_bytes: int = TMP_BYTES  # the sandbox's private /tmp: at most this much (it is RAM)
     shm_bytes: int = SHM_BYTES  # the sandbox's /dev/shm (RAM too): at most this much
+    journal: dict[str, str] | None = None  # the run's journal ({"path", "run", "settings"}; journal.py)
 
 
 @dataclass
@@ -470,8 +471,10 @@ def _run(nb: Any, lesson: Lesson, scratch: Path, sockets: Path, settings: Settin
         # the kernel's output goes nowhere: no process of the submission holds the grader's stdout.
         # In the sandbox the kernel's parent is the namespace's init (PID 1), which ipykernel's
         # parent poller would take for "the parent exited": bwrap's --die-with-parent does that job.
+        # The kernel (or bwrap around it) dies with this worker, even a worker killed by SIGKILL.
         with client.setup_kernel(env=_kernel_env(scratch), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                 stderr=subprocess.DEVNULL, independent=settings.sandbox == "bwrap"):
+                                 stderr=subprocess.DEVNULL, independent=settings.sandbox == "bwrap",
+                                 preexec_fn=_dies_with(os.getpid())):
             nb.cells.append(new_code_cell(setup))  # the grader's cells run last in the list, and
             client.timeout = max(settings.cell_timeout, 300)  # (it imports torch and the checkers)
             client.execute_cell(nb.cells[-1], len(nb.cells) - 1)  # leave the learner's indices as they are
@@ -604,6 +607,9 @@ def grade_submission(path: Path, settings: Settings, lessons: dict[str, Lesson] 
         # grader, and a copy of the learner's notebook on disk is an answer another kernel could read
         shutil.copytree(lesson.path.parent, scratch / "work", dirs_exist_ok=True,
                         ignore=shutil.ignore_patterns("*.ipynb", ".ipynb_checkpoints"))
+        from .journal import record_started, submission_digest
+
+        record_started(settings.journal, row.student, submission_digest(text))  # before its kernel starts
         _run(nb, lesson, scratch, sockets, settings, row)
     except Exception as err:  # noqa: BLE001 (the grader's own trouble is this row's, not the batch's)
         row.status = _worse(row.status, "grader error")
@@ -661,11 +667,41 @@ def become_subreaper() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
 
 
-def configure_worker(threads: int) -> None:
+def die_with_parent(parent: int | None = None) -> None:
+    """Linux: this process gets SIGKILL when the thread that started it ends (``PR_SET_PDEATHSIG``),
+    however that ends (a SIGKILL too). ``parent``: the pid that started it; if this process has
+    another parent already (``parent`` died before this call), it exits now."""
+    if sys.platform.startswith("linux"):
+        _prctl()(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+        if parent is not None and os.getppid() != parent:
+            os._exit(1)
+
+
+@functools.lru_cache(maxsize=1)
+def _prctl() -> Any:
+    import ctypes
+
+    return ctypes.CDLL(None, use_errno=True).prctl
+
+
+def _dies_with(parent: int) -> Any:
+    """A ``preexec_fn`` for a kernel: ``die_with_parent(parent)`` in the child, before it runs the
+    kernel's command (the setting survives exec). None off Linux."""
+    if not sys.platform.startswith("linux"):
+        return None
+    _prctl()  # loaded here, in the parent: the child between fork and exec only calls it
+    return functools.partial(die_with_parent, parent)
+
+
+def configure_worker(threads: int, parent: int | None = None) -> None:
     """Environment for the kernels a worker starts: its share of the cores, no GUI backends. The
     worker becomes a child subreaper (Linux): a process a submission starts and abandons, even in
-    a new session or double-forked, is re-parented to the worker, which ends it (``end_processes``)."""
+    a new session or double-forked, is re-parented to the worker, which ends it (``end_processes``).
+    With ``parent`` (the grader's pid), the worker dies with the grader (``die_with_parent``)."""
     import logging
+
+    if parent is not None:
+        die_with_parent(parent)
 
     logging.getLogger("asyncio").setLevel(logging.CRITICAL)  # nbclient's "Task exception was never
     # retrieved" when a kernel dies: the row says so; the terminal shows only the grader's lines
@@ -676,4 +712,5 @@ def configure_worker(threads: int) -> None:
 
 
 __all__ = ["Settings", "Graded", "grade_submission", "read_notebook", "MAX_NOTEBOOK_MB", "RECHECK_SECONDS",
-           "configure_worker", "become_subreaper", "descendants", "end_processes", "STATUS_ORDER", "NOTEBOOK_DIR"]
+           "configure_worker", "become_subreaper", "die_with_parent", "descendants", "end_processes",
+           "STATUS_ORDER", "NOTEBOOK_DIR"]

@@ -343,3 +343,94 @@ def test_a_wrapped_publish_cannot_rewrite_the_results(shell):
     assert results["exercises"]["00.gradient"]["outcome"] == "failed"
     assert any("publish_display_data" in p or "display path" in p for p in results["patched_before"])
     assert shell.user_ns["sent_by_learner"] == []
+
+
+# ----------------------------------------------------------------------------------------------
+# The red team of 2026-12-07 (scripts/red_team.py): fakes that earned a mark before, and earn 0 now
+# ----------------------------------------------------------------------------------------------
+
+RED_TEAM = {
+    # torch's public modules are guarded whole: Tensor.backward calls torch.autograd.backward
+    "autograd_backward_patched": ("import torch\n"
+                                  "def _backward(tensors, *args, **kwargs):\n"
+                                  "    leaf = tensors.grad_fn.next_functions[0][0].next_functions[0][0]\n"
+                                  "    leaf.variable.grad = torch.zeros_like(leaf.variable)\n"
+                                  "torch.autograd.backward = _backward\n" + WRONG),
+    # a wrapper made with functools.wraps has torch's __module__ and __wrapped__, not torch's file
+    "wraps_allclose": ("import functools, torch\n"
+                       "torch.allclose = functools.wraps(torch.allclose)(lambda *a, **k: True)\n" + WRONG),
+    "module_call_impl": ("import torch\n"
+                         "torch.nn.Module._call_impl = lambda self, *a, **k: torch.zeros(3)\n" + WRONG),
+}
+
+
+@pytest.mark.parametrize("case", list(RED_TEAM))
+def test_each_fake_of_the_red_team_earns_0(shell, case):
+    result = _recheck_cells(shell, [LESSON00_F, RED_TEAM[case]], GRADIENT)
+    assert result["outcome"] == "failed", (case, result)
+
+
+def test_the_lessons_own_code_given_to_the_checker_cannot_be_redefined(shell):
+    """check_gradient_prediction(predicted_gradient, f, ...) is given the lesson's ``f``: a cell
+    added after it that redefines ``f`` (a plain sum) made the prediction of all ones come true."""
+    ones = "def predicted_gradient():\n    return [1.0, 1.0, 1.0]\n"
+    result = _recheck_cells(shell, [LESSON00_F, "def f(x):\n    return x.sum()\n", ones], GRADIENT)
+    assert result["outcome"] == "failed" and "the lesson's own code" in result["message"], result
+    patched = "import torch\nf.__code__ = (lambda x: torch.sum(x)).__code__\n"
+    result = _recheck_cells(shell, [LESSON00_F, patched, ones], GRADIENT)
+    assert result["outcome"] == "failed", result
+
+
+def test_the_iopub_socket_and_its_class_are_put_back(shell):
+    """The objects a result passes through on its way out (the IOPub thread's zmq socket, held by
+    the display publisher's socket) are put back, and so is a class swapped by ``__class__``."""
+    from types import SimpleNamespace
+
+    from IPython.core.displaypub import DisplayPublisher
+
+    class Socket:
+        def send_multipart(self, parts):
+            return parts
+
+    real = Socket()
+    shell.display_pub = DisplayPublisher(shell=shell)
+    shell.display_pub.pub_socket = SimpleNamespace(io_thread=SimpleNamespace(socket=real))
+    grader = _grader()
+    restore = grader["snapshot"]()
+    thread = shell.display_pub.pub_socket.io_thread
+    thread.socket = SimpleNamespace(send_multipart=lambda parts: ["rewritten"])
+    assert "the kernel's display path (socket)" in restore() and thread.socket is real
+
+    class Rewriting(Socket):
+        def send_multipart(self, parts):
+            return ["rewritten"]
+
+    real.__class__ = Rewriting
+    assert "the kernel's display path (Socket)" in restore() and type(real) is Socket
+
+
+def test_builtins_and_the_recursion_limit_are_put_back_before_the_next_exercise(shell):
+    """A lying ``isinstance`` hung the whole re-check, and a recursion limit of 50 lost every result
+    (the red team of 2026-12-07): the exercise that does it earns 0, the next one is still checked."""
+    grader = _grader()
+    restore = grader["snapshot"]()
+    limit = sys.getrecursionlimit()
+    liar = ("import builtins, sys\n"
+            "def predicted_gradient():\n"
+            "    builtins.isinstance = lambda obj, kind: True\n"
+            "    sys.setrecursionlimit(50)\n"
+            "    return [0.0, 0.0, 0.0]\n")
+    right = "import math\ndef predicted_kv_bytes():\n    return math.prod([2, 3, 2, 128 // 8, 50, 5, 4])\n"
+    cells = [LESSON00_F, liar, right]
+    for cell in cells:
+        assert shell.run_cell(cell, store_history=False).success
+    try:
+        results = grader["recheck"]([GRADIENT, KV_BYTES], 10_000, 60.0, restore, "nonce", SOLUTIONS, cells,
+                                    publish=lambda payload: None)
+    finally:
+        sys.setrecursionlimit(limit)
+    assert results["exercises"]["00.gradient"]["outcome"] == "failed"
+    assert results["exercises"]["11.kv_bytes"]["outcome"] == "passed", results
+    import builtins
+
+    assert builtins.isinstance(1, str) is False and sys.getrecursionlimit() == limit

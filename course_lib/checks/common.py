@@ -25,7 +25,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 __all__ = [
     "expect_bool_mask",
@@ -162,6 +164,20 @@ def calls_to(functions: Sequence[Callable[..., Any]]) -> Iterator[list[Callable[
     finally:
         sys.setprofile(previous)
         threading.setprofile(previous_threads)
+
+
+class SdpaWatch(TorchFunctionMode):
+    """Records whether ``F.scaled_dot_product_attention``, PyTorch's ready-made attention, is called
+    (any backend, any dtype): lesson 13's checkers refuse it where the learner builds the kernel."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.called = False
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        if func is F.scaled_dot_product_attention:
+            self.called = True
+        return func(*args, **(kwargs or {}))
 
 
 class CheckFailure(AssertionError):

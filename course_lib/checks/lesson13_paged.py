@@ -33,7 +33,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from .. import paged
 from .common import CheckFailure, calls_to, checker, is_course_lib, one_thread, time_limit
-from .lesson13_scale import SdpaWatch
+from .common import SdpaWatch
 from .lesson13_scale_mistakes import later_max_said
 
 __all__ = ["check_paged_attention"]

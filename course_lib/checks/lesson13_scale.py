@@ -32,11 +32,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch.nn.attention.flex_attention import flex_attention
-from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .. import flash, paged
-from .common import CheckFailure, calls_to, checker, is_course_lib, one_thread, time_limit
+from .common import (CheckFailure, SdpaWatch, calls_to, checker, is_course_lib, one_thread,
+                     time_limit)
 from .lesson13_locate import locate_failure, locate_observed
 from .lesson13_scale_mistakes import (FIX_MISTAKES, FLOAT32_MISTAKE, FORWARD_MISTAKES, LOCATE_MISTAKES,
                                       SCORE_MISCOUNTS, PARTIAL_TILE, broadcast_hint, fix_reason,
@@ -114,19 +114,6 @@ def _refuse(fn: Any, what: str) -> list[Callable[..., Any]]:
     return [flash.merge_softmax_states, flash.flash_attention_forward, flash.flash_attention,
             flash.naive_attention, flash.FlashAttention.forward, paged.PagedKVCache.write,
             paged.PagedKVCache.read, flex_attention]
-
-
-class SdpaWatch(TorchFunctionMode):
-    """Records whether ``F.scaled_dot_product_attention`` is called (any backend, any dtype)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.called = False
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
-        if func is F.scaled_dot_product_attention:
-            self.called = True
-        return func(*args, **(kwargs or {}))
 
 
 class _Watch(TorchDispatchMode):

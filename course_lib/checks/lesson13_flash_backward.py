@@ -47,7 +47,7 @@ TOL = 1e-9
 _CAUSAL_ONLY = ("no causal mask", "mask S with 0", "mask on dV's P only", "mask on dS only",
                 "mask bottom-right in the tile",
                 "mask in tile coordinates", "mask ignores i0", "mask ignores j0", "mask offset reversed",
-                "diagonal hidden", "mask one key late")
+                "diagonal hidden", "mask one key late", "mask transposed")
 MATCH = 1e-6  # a mistake's numbers are matched to this (relative): float32 inside still matches
 FLOAT32 = 1e-5  # a difference this small (relative) is float32's round-off, not another formula
 
@@ -143,7 +143,8 @@ def _tile(q_i, k_j, v_j, d_out_i, lse_i, D_i, scale, i0, j0, causal, knob=""):  
             rows, cols = rows - 2 * i0, cols - 2 * j0
         corner = k_j.size(0) - q_i.size(0)  # the tile's own bottom-right alignment
         hidden = {"diagonal hidden": cols >= rows, "mask one key late": cols > rows + 1,
-                  "mask bottom-right in the tile": cols > rows + corner}.get(knob, cols > rows)
+                  "mask bottom-right in the tile": cols > rows + corner,
+                  "mask transposed": cols < rows}.get(knob, cols > rows)
     if knob == "mask S with 0":
         s = s.masked_fill(hidden, 0.0)
     elif knob not in ("mask on dS only", "mask on dV's P only"):
@@ -190,6 +191,10 @@ def _tile(q_i, k_j, v_j, d_out_i, lse_i, D_i, scale, i0, j0, causal, knob=""):  
 
 
 MISTAKES = [  # (knob, what is observed and what it means)
+    ("mask transposed", "the tiles add up to the gradients of attention whose causal mask is "
+                        "transposed: each query sees the keys at or after its own position and not "
+                        "the earlier ones, as if keys were masked as queries (column < row hidden); "
+                        "query i sees keys 0..i, so the hidden scores are those with key > query"),
     ("dQ = dS V", "dK and dV are right, and dQ is what dS V_j · scale gives, V_j in place of K_j: "
                   "S = Q_i K_jᵀ · scale, so dQ_i = dS K_j · scale (V enters only through dP = dO_i V_jᵀ)"),
     ("no D", "dQ and dK are what dS = P ∘ dP gives, with D_i never subtracted (dV is right): the "

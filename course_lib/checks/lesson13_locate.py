@@ -172,8 +172,12 @@ def locate_failure(outcomes: list[Any], cases: list[tuple[list[int], int, int]])
                                 mistake="the pool's flat index")
         if not (isinstance(got, tuple) and len(got) == 2):
             return CheckFailure(f"Return a pair (physical block, slot), got {got!r} ({case}).")
-        if got == (slot, table[logical]) or got == (slot, logical):
+        if got == (slot, table[logical]):
             return CheckFailure(f"({case}) the two numbers are swapped: return (physical block, slot).")
+        if got == (slot, logical):
+            return CheckFailure(f"({case}) observed {got}: the slot first, then the logical block "
+                                f"{logical}, not the physical one, table[{logical}] = {table[logical]}: "
+                                "return (physical block, slot).")
         if got == (logical, slot):
             return CheckFailure(f"({case}) you return the logical block {logical}: the block table maps "
                                 f"it to the physical block table[{logical}] = {table[logical]}.")
@@ -195,7 +199,8 @@ def locate_failure(outcomes: list[Any], cases: list[tuple[list[int], int, int]])
         by_len = (table[position // n] if position // n < n else None, position % n)
         if got == by_len or (got[0] == table[logical] and got[1] == position % n != slot) or (
                 got[1] == slot and position // n < n and got[0] == table[position // n] != right[0]):
-            return CheckFailure(f"({case}) observed {got}: that divides by the table's length {n}, "
+            also = " (here also block_size - 1)" if n == size - 1 else ""
+            return CheckFailure(f"({case}) observed {got}: that divides by {n}, the table's length{also}, "
                                 f"not by block_size = {size}. Each block holds block_size positions; "
                                 "the table only says where each block is.",
                                 mistake="division by the table's length")

@@ -35,6 +35,7 @@ from .. import paged
 from .common import CheckFailure, calls_to, checker, is_course_lib, one_thread, time_limit
 from .common import SdpaWatch
 from .lesson13_scale_mistakes import later_max_said
+from .lesson13_named import paged_nan_named, paged_named, paged_raise_named
 
 __all__ = ["check_paged_attention"]
 
@@ -340,6 +341,9 @@ def _check_paged_attention(fn: Callable[..., Any]) -> None:
         except CheckFailure as err:
             if any(_max_diff(g, e) > 1e-9 for _, g, e in runs):
                 break  # an earlier case's numbers already differ: say what they show
+            if str(err).startswith("Your code raised") and (named := paged_raise_named(fn, _inputs(n))):
+                raise CheckFailure(f"Likely mistake ({case}): {named[1]}. Then: {named[2]}.",
+                                   mistake=named[0]) from err
             if n in _FIRST_OF_ITS_KIND and str(err).startswith("Your code raised"):
                 kind, hint = _FIRST_OF_ITS_KIND[n]
                 raise CheckFailure(f"{err} The cases before this one pass, and it is the first {hint}",
@@ -366,6 +370,10 @@ def _check_paged_attention(fn: Callable[..., Any]) -> None:
         runs.append((n, got.detach(), _attend(q, k_blocks, v_blocks, table, length)))
         pages.append((n, watch.largest, watch.largest_shape))
     if any(_max_diff(g, e) > 1e-9 for _, g, e in runs):
+        n, got = next((n, g) for n, g, e in runs if _max_diff(g, e) > 1e-9)
+        if named := paged_nan_named(fn, _inputs(n), got):
+            raise CheckFailure(f"Likely mistake ({_CASES[n][0]}): {named[1]}. Then: {named[2]}.",
+                               mistake=named[0])
         _diagnose(runs)
     for n, largest, shape in pages:
         case, bs, _, heads, d = _CASES[n][:5]
@@ -397,6 +405,9 @@ def _diagnose(runs: list[tuple[int, torch.Tensor, torch.Tensor]]) -> None:
     n, got, expected = fails[0]
     case, bs, kv, heads, d, length, _, table = _CASES[n]
     inputs = _inputs(n)
+    if named := paged_named(*inputs, got, 1e-9 if got.dtype == torch.float64 else 1e-4):
+        knob, observed, fix = named
+        raise CheckFailure(f"Likely mistake ({case}): {observed}. Then: {fix}.", mistake=knob)
     if not torch.isfinite(got).all():
         if n == _LARGE:  # every earlier case passed; this one only adds large scores
             raise CheckFailure(

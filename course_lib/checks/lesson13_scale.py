@@ -17,9 +17,10 @@
   tile computed that is masked whole).
 * ``check_locate(fn)``: ``fn(block_table, position, block_size) -> (physical block, slot)``.
 
-The usual mistakes, as code, live in ``lesson13_scale_mistakes`` (each checker names the one that
-matches). Every checker compares in float64, runs the learner's code under a time limit on one
-thread, and turns any raw error into a message (the conventions of ``common``).
+The usual mistakes, as code, live in ``lesson13_scale_mistakes`` and ``lesson13_named`` (each
+checker names the one that matches). Every checker compares in float64, runs the learner's code
+under a time limit on one thread, and turns any raw error into a message (the conventions of
+``common``).
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ from .. import flash, paged
 from .common import (CheckFailure, SdpaWatch, calls_to, checker, is_course_lib, one_thread,
                      time_limit)
 from .lesson13_locate import locate_failure, locate_observed
+from .lesson13_named import (FIX_INVERTED_SAID, M_ZERO_SAID, NAMED_LOCATE, boundary_failure,
+                              fix_inverted_zeroed, forward_named, inverted_said, m_zero_observed,
+                              named_merges)
 from .lesson13_scale_mistakes import (FIX_MISTAKES, FLOAT32_MISTAKE, FORWARD_MISTAKES, LOCATE_MISTAKES,
                                       SCORE_MISCOUNTS, PARTIAL_TILE, broadcast_hint, fix_reason,
                                       float32_gap, float32_said, kept_raise, merge_variants, one_head_loop,
@@ -338,7 +342,7 @@ def _check_merge_states(fn: Callable[..., Any]) -> None:
             raise CheckFailure(f"Not yet ({case}): observed m{low}: on {rows} of {m.numel()} rows your m is "
                                "not the larger of m_a and m_b, the maximum over all the keys of both "
                                "states.", mistake="m is not max(m_a, m_b)")
-        for reason, wrong in merge_variants():
+        for reason, wrong in merge_variants() + named_merges():
             if all(t.shape == x.shape and _near(t, x) for t, x in zip((m, ell, o), wrong(*inputs))):
                 raise CheckFailure(f"Likely mistake ({case}): {reason}.", mistake=reason)
         names = [n for n, t, e in zip(("m", "ell", "o"), (m, ell, o), expected) if not _near(t, e)]
@@ -453,6 +457,10 @@ def _check_flash_fix(fn: Callable[..., Any]) -> None:
             continue
         elif diff <= FIX_TOL:  # float32's round-off in a float64 case
             raise CheckFailure(float32_said(case, diff, "your output"), mistake=FLOAT32_MISTAKE)
+        tol = LARGE_FIX_TOL if case in _FLOAT32_CASES else FIX_TOL
+        if m_zero_observed(fn, q, k, v, block_k, got, tol):
+            bad = int((got - expected).abs().amax(-1).gt(FIX_TOL).sum())
+            raise CheckFailure(f"Not yet ({case}): {M_ZERO_SAID.format(bad=bad)}.", mistake="m starts at 0")
         if _max_diff(got, one_head_loop(q, k, v, block_k, "o")) <= FIX_TOL:
             n_blocks = math.ceil(L_k / block_k)
             ones = sum(1 for numel in watch.one_exps if numel == L_q)
@@ -487,11 +495,17 @@ def _check_flash_fix(fn: Callable[..., Any]) -> None:
                                "shows a fix.")
         if _max_diff(got, one_head_loop(q, k, v, block_k, "o inverted")) <= FIX_TOL:
             bad = int((~torch.isfinite(got)).sum())
+            if said := inverted_said(fn, q, k, v, block_k, case, bad, got.numel()):
+                raise CheckFailure(said, mistake="ell's and o's factors are exp(m_new - m)")
             reason = "o's factor is exp(m_new - m), the inverse of ell's"
             raise CheckFailure(
                 f"Not yet ({case}): observed {bad} of {got.numel()} outputs NaN or inf. Your o is "
                 "multiplied by exp(m_new - m) at each block, while ell is multiplied by exp(m - m_new): "
                 "print that factor at the first block (m = -inf) and when m grows.", mistake=reason)
+        if _max_diff(got, fix_inverted_zeroed(q, k, v, block_k)) <= FIX_TOL:
+            said = FIX_INVERTED_SAID.format(bad=int((got - expected).abs().amax(-1).gt(FIX_TOL).sum()))
+            raise CheckFailure(f"Not yet ({case}): {said}.",
+                               mistake="both factors exp(m_new - m), inf made 0")
         for knob, reason in FIX_MISTAKES:
             if _max_diff(got, one_head_loop(q, k, v, block_k, knob)) <= FIX_TOL:
                 said = fix_reason(knob, reason, watch.one_exps, L_q, math.ceil(L_k / block_k))
@@ -642,6 +656,8 @@ def _check_flash_forward(fn: Callable[..., Any]) -> None:
                      else ref_forward(qd, kd, vd, causal, knob))
             if _max_diff(_f64(out), wrong[0]) <= tol and _max_diff(_f64(lse), wrong[1]) <= tol:
                 raise CheckFailure(f"Likely mistake ({case}): {reason}.", mistake=reason)
+        if named := forward_named(qd, kd, vd, causal, bq, bk, _f64(out), _f64(lse), tol):
+            raise CheckFailure(f"Likely mistake ({case}): {named[0]}.", mistake=named[1])
         which = [name for name, diff in (("out", d_out), ("lse", d_lse)) if diff > tol]
         bad = ((_f64(out) - exp_out).abs().amax(-1) > tol) | ((_f64(lse) - exp_lse).abs() > tol)
         bad = ~(~bad | (torch.isinf(exp_lse) & (_f64(lse) == exp_lse)))  # (B, h, L_q)
@@ -722,7 +738,7 @@ def _check_locate(fn: Callable[..., Any]) -> None:
         print(f"check_locate: all {len(_LOCATE_CASES)} cases right. Well done!")
         return
     first = next(n for n, (o, r) in enumerate(zip(outcomes, rights)) if not _same(o, r))
-    for reason, wrong in LOCATE_MISTAKES:
+    for reason, wrong in LOCATE_MISTAKES + NAMED_LOCATE:
         if all(_same(o, _outcome(wrong, t, p, s)) for o, (t, p, s) in zip(outcomes, _LOCATE_CASES)):
             table, position, size = _LOCATE_CASES[first]
             theirs = _outcome(wrong, table, position, size)
@@ -732,4 +748,4 @@ def _check_locate(fn: Callable[..., Any]) -> None:
             said = locate_observed(outcomes[first], table, position, size, asked)
             raise CheckFailure(f"Observed: {said}. All {len(_LOCATE_CASES)} cases match this mistake: "
                                f"{reason}.", mistake=reason)
-    raise locate_failure(outcomes, _LOCATE_CASES)
+    raise boundary_failure(outcomes, _LOCATE_CASES) or locate_failure(outcomes, _LOCATE_CASES)

@@ -140,6 +140,7 @@ MISTAKES = [  # (the edit of the solution's source, the mistake the checker name
       ("torch.arange(j0, j0 + k_j.size(0))", "torch.arange(i0, i0 + k_j.size(0))")], "mask offset reversed"),
     ([("cols > rows", "cols > rows + 1")], "mask one key late"),
     ([("cols > rows", "cols > rows + (k_j.size(0) - q_i.size(0))")], "mask bottom-right in the tile"),
+    ([("cols > rows", "cols < rows")], "mask transposed"),
     ([("dk_j = ds.T @ q_i * scale", "dk_j = ds.T @ k_j * scale")], "dK from K"),
     ([("dq_i = ds @ k_j * scale", "dq_i = ds @ q_i * scale")], "dQ from Q"),
     ([("dq_i = ds @ k_j * scale", "dq_i = ds @ v_j * scale")], "dQ = dS V"),

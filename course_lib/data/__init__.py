@@ -6,6 +6,7 @@
 - ``dates``: the date-normalisation corpus (lesson 08)
 - ``shakespeare``: Shakespeare's plays, split by play (lesson 09)
 - ``gpt2_bpe``: GPT-2's tokenizer files (lesson 10)
+- ``instructions``: instructions about the plays that a program can judge (lesson 16)
 - ``files``: where fetched data lives and the sha256 check (``python -m course_lib.data fetch``)
 
 Until lesson 15 this package was one module, ``course_lib.data``, holding the copy task, the

@@ -171,7 +171,8 @@ def _tile(q_i, k_j, v_j, d_out_i, lse_i, D_i, scale, i0, j0, causal, knob=""):  
     if knob == "mask on dS only":
         ds = ds.masked_fill(hidden, 0.0)
     dv = {"dV = P dO": lambda: p @ d_out_i, "dV from dS": lambda: ds.T @ d_out_i,
-          "dV scaled": lambda: p.T @ d_out_i * scale}.get(knob, lambda: p_dv.T @ d_out_i)()
+          "dV scaled": lambda: p.T @ d_out_i * scale,
+          "dV = P^T V": lambda: p.T @ v_j}.get(knob, lambda: p_dv.T @ d_out_i)()
     root = 1 / math.sqrt(q_i.size(-1))
     q_scale = {"scale divided": 1 / scale, "no scale in dQ dK": 1.0, "no scale in dQ": 1.0,
                "scale twice": scale ** 2, "scale twice in dQ": scale ** 2,
@@ -249,6 +250,8 @@ MISTAKES = [  # (knob, what is observed and what it means)
                           "with the scale once"),
     ("dV scaled", "dQ and dK are right, and dV is scale times too small: O = P V has no scale in it, "
                   "so dV = Pᵀ dO"),
+    ("dV = P^T V", "dQ and dK are right, and dV is what Pᵀ V_j gives, V_j in place of dO_i: O = P V, "
+                   "so the gradient that flows back to V is dV = Pᵀ dO (dO_i, the incoming gradient)"),
     ("dV = P dO", "dV is what P dO gives: O = P V, so dV = Pᵀ dO (one row per key)"),
     ("dV from dS", "dQ and dK are right, and dV is what dSᵀ dO gives: O = P V, so dV = Pᵀ dO, with "
                    "P, not dS"),
@@ -584,8 +587,9 @@ def _flash_miscounts() -> list[tuple[float, str, str]]:
         (4 * (2 * Ld + L), "K and V left out (Q, O and the log-sum-exp alone)", FLASH_RULE),
         (4 * (2 * Ld + T * Ld + L), "K and V counted as L d numbers together per query tile, not "
          "2 L d (one of them left out)", FLASH_RULE),
-        (4 * (3 * Ld + T * Ld + L), "only one of K and V read once per query tile, the other once "
-         "in all", FLASH_RULE),
+        (4 * (3 * Ld + T * Ld + L), "one of two readings, both giving this number: either only one of "
+         "K and V read once per query tile, the other once in all; or the loops swapped, Q read "
+         f"once per key tile ({T} tiles) while K and V are read once in all", FLASH_RULE),
         (tiled(T // 2), f"tiles of {2 * B} queries ({T // 2} tiles)", FLASH_RULE),
         (tiled(T, d // 2), f"head_dim {d // 2}, not {d}", ""),
         (tiled(2 * T), f"tiles of {B // 2} queries ({2 * T} tiles)", FLASH_RULE),

@@ -283,6 +283,12 @@ NAMED_LOCATE: list[tuple[str, Callable[[list[int], int, int], Any]]] = [  # (wha
     ("block index divided by block_size - 1, block_table[position // (block_size - 1)] (the slot, "
      "position % block_size, is right): each block holds block_size positions",
      lambda t, p, s: (_entry(t, p // (s - 1)), p % s)),
+    ("a block size of 16 whatever block_size is passed (vLLM's default): block_table[position // 16] "
+     "and slot position % 16; use the block_size argument", lambda t, p, s: (_entry(t, p // 16), p % 16)),
+    ("the logical block computed from position + 1, block_table[(position + 1) // block_size] (the "
+     "slot, position % block_size, is right): logical block n holds positions n * block_size .. "
+     "(n + 1) * block_size - 1, so the last position of each block lands in the next block",
+     lambda t, p, s: (_entry(t, (p + 1) // s), p % s)),
 ]
 
 

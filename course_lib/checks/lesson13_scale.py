@@ -8,19 +8,20 @@
   apart (a factor measured from the smaller maximum overflows there).
 * ``check_flash_fix(fn)``: ``fn(q (L_q, d), k (L_k, d), v (L_k, d_v), block_k=16) -> (L_q, d_v)``,
   the repaired one-head tiled attention of the Debug exercise. Reference: PyTorch's SDPA; the last
-  two cases are float32, with scores of 100 to 1000 (exp without the running maximum overflows), and
+  three cases are float32, with scores of 100 to 1000 (exp without the running maximum overflows),
   with a middle block about 100 above the others (a loop measured from the first block's maximum, or
-  from each block's own, overflows).
+  from each block's own, overflows), and with every score about -150 (a loop whose m starts at 0
+  gets exp = 0, and 0 / 0).
 * ``check_flash_forward(fn)``: ``fn(q, k, v, is_causal=False, block_q=32, block_k=32) -> (out, lse)``,
   the learner's FlashAttention forward (★★★). Reference: SDPA and ``torch.logsumexp`` of the
   scores; also checked: no tensor larger than a tile or the inputs, and causal tiles skipped (no
-  tile computed that is masked whole).
+  tile computed that is masked whole). course_lib's ``merge_softmax_states`` is welcome inside.
 * ``check_locate(fn)``: ``fn(block_table, position, block_size) -> (physical block, slot)``.
 
-The usual mistakes, as code, live in ``lesson13_scale_mistakes`` and ``lesson13_named`` (each
-checker names the one that matches). Every checker compares in float64, runs the learner's code
-under a time limit on one thread, and turns any raw error into a message (the conventions of
-``common``).
+The usual mistakes, as code, live in ``lesson13_scale_mistakes``, ``lesson13_named`` and
+``lesson13_named_f`` (each checker names the one that matches). Every checker compares in float64,
+runs the learner's code under a time limit on one thread, and turns any raw error into a message
+(the conventions of ``common``).
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ from .lesson13_locate import locate_failure, locate_observed
 from .lesson13_named import (FIX_INVERTED_SAID, M_ZERO_SAID, NAMED_LOCATE, boundary_failure,
                               fix_inverted_zeroed, forward_named, inverted_said, m_zero_observed,
                               named_merges)
+from .lesson13_named_f import (LOW_FIX_CASE, fix_named_more, forward_named_more, forward_shapes_swapped,
+                               low_fix_inputs, low_said, merge_named_more)
 from .lesson13_scale_mistakes import (FIX_MISTAKES, FLOAT32_MISTAKE, FORWARD_MISTAKES, LOCATE_MISTAKES,
                                       SCORE_MISCOUNTS, PARTIAL_TILE, broadcast_hint, fix_reason,
                                       float32_gap, float32_said, kept_raise, merge_variants, one_head_loop,
@@ -302,6 +305,8 @@ def _check_merge_states(fn: Callable[..., Any]) -> None:
                 isinstance(t, torch.Tensor) for t in got):
             raise CheckFailure(f"Return three tensors (m, ell, o), got {type(got).__name__} ({case}).")
         m, ell, o = (_f64(t) for t in got)
+        if named := merge_named_more(case, inputs, (m, ell, o)):
+            raise CheckFailure(named[0] + ".", mistake=named[1])
         expected = flash.merge_softmax_states(*inputs)
         for name, t, e in (("m", m, expected[0]), ("ell", ell, expected[1]), ("o", o, expected[2])):
             if t.shape != e.shape:
@@ -368,14 +373,17 @@ _FIX_CASES = [  # (case, L_q, L_k, d, d_v, block_k, the maximum grows in later b
      6, 40, 8, 8, 16, True),
     (LATE_MAX_CASE := "L_q=4, L_k=40, d=8, block_k=16, float32, the middle block's scores about 100 "
                       "above the other blocks'", 4, 40, 8, 8, 16, True),
+    (LOW_FIX_CASE, 4, 40, 8, 8, 16, True),
 ]
-_FLOAT32_CASES = (LARGE_FIX_CASE, LATE_MAX_CASE)
+_FLOAT32_CASES = (LARGE_FIX_CASE, LATE_MAX_CASE, LOW_FIX_CASE)
 LARGE_FIX_TOL = 1e-3  # float32 scores near 1000 carry errors near 1e-4 in any correct loop
 
 
 def _fix_inputs(n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     _, L_q, L_k, d, d_v, _, grows = _FIX_CASES[n]
     gen = torch.Generator().manual_seed(130 + n)
+    if _FIX_CASES[n][0] == LOW_FIX_CASE:  # every score about -150: exp(score) is 0 in float32
+        return low_fix_inputs(L_q, L_k, d, gen)
     q = torch.randn(L_q, d, generator=gen, dtype=torch.float64)
     k = 2 * torch.randn(L_k, d, generator=gen, dtype=torch.float64)
     if grows:  # later keys line up with the queries: the running maximum grows block after block
@@ -450,7 +458,9 @@ def _check_flash_fix(fn: Callable[..., Any]) -> None:
         diff = _max_diff(got, expected)
         if case in _FLOAT32_CASES:
             if not torch.isfinite(got).all():
-                raise _overflow(case, q, k, block_k, got)
+                raise (CheckFailure(low_said(case, q, k, got) + ".", mistake="NaN when every score is "
+                                    "below about -104 in float32") if case == LOW_FIX_CASE
+                       else _overflow(case, q, k, block_k, got))
             if diff <= LARGE_FIX_TOL:
                 continue
         elif diff <= 1e-9:
@@ -493,6 +503,8 @@ def _check_flash_fix(fn: Callable[..., Any]) -> None:
             raise CheckFailure(message + " When m grows, ell is rescaled by alpha = exp(m - m_new); is "
                                "everything else that was summed from the old m? show_solution(\"13.flash_fix\") "
                                "shows a fix.")
+        if named := fix_named_more(fn, q, k, v, block_k, got, case):
+            raise CheckFailure(named[0] + ".", mistake=named[1])
         if _max_diff(got, one_head_loop(q, k, v, block_k, "o inverted")) <= FIX_TOL:
             bad = int((~torch.isfinite(got)).sum())
             if said := inverted_said(fn, q, k, v, block_k, case, bad, got.numel()):
@@ -520,7 +532,8 @@ def _check_flash_fix(fn: Callable[..., Any]) -> None:
                            f"{diff:.3g}{size}, on {rows} of {L_q} rows{late}. Print m, ell and o "
                            "after each block for one query and compare with the softmax of its scores.")
     print(f"check_flash_fix: all {len(_FIX_CASES)} cases equal PyTorch's attention (blocks of 1 key, "
-          "a short last block, one block for everything, float32 scores where exp(score) overflows). "
+          "a short last block, one block for everything, float32 scores where exp(score) overflows or "
+          "underflows). "
           "Well done!")
 
 
@@ -579,7 +592,8 @@ def check_flash_forward(fn: Callable[..., Any]) -> None:
 
 
 def _check_flash_forward(fn: Callable[..., Any]) -> None:
-    refused = _refuse(fn, "design the tiled forward yourself.")
+    refused = [f for f in _refuse(fn, "design the tiled forward yourself.")
+               if f is not flash.merge_softmax_states]  # welcome inside, as the exercise says
     for n, (case, B, h, L_q, L_k, d, causal, bq, bk, dtype) in enumerate(_FORWARD_CASES):
         q, k, v = _forward_inputs(n)
         given = [t.clone() for t in (q, k, v)]
@@ -589,11 +603,12 @@ def _check_flash_forward(fn: Callable[..., Any]) -> None:
                         hint="q, k, v are (B, h, L, head_dim); return (out, lse).",
                         rows=(min(bq, L_q), d, "a tile of the output"))
         if seen:
-            raise CheckFailure("Your function calls course_lib's FlashAttention (course_lib.flash), the "
-                               "reference: design the tiles yourself.")
+            names = ", ".join(dict.fromkeys(f"{f.__module__}.{f.__qualname__}" for f in seen))
+            raise CheckFailure(f"Your function calls {names}, a ready-made attention this exercise rebuilds "
+                               "(course_lib's merge_softmax_states is welcome): design the tiles yourself.")
         if watch.fused or fused.called:
-            raise CheckFailure("Your function calls PyTorch's attention (scaled_dot_product_attention or "
-                               "flex_attention): that is the "
+            what = "flex_attention" if "flex" in watch.fused else "scaled_dot_product_attention"
+            raise CheckFailure(f"Your function calls PyTorch's attention ({what}): that is the "
                                "kernel this exercise rebuilds. Matmuls, exp, max and sums are welcome.")
         if any(not torch.equal(a, b) for a, b in zip(given, (q, k, v))):
             raise CheckFailure(f"Your function changes q, k or v in place ({case}); build new tensors.")
@@ -603,7 +618,8 @@ def _check_flash_forward(fn: Callable[..., Any]) -> None:
         out, lse = got
         if tuple(out.shape) != (B, h, L_q, d) or tuple(lse.shape) != (B, h, L_q):
             raise CheckFailure(f"Wrong shapes ({case}): out {tuple(out.shape)} and lse {tuple(lse.shape)}, "
-                               f"expected {(B, h, L_q, d)} and {(B, h, L_q)}.")
+                               f"expected {(B, h, L_q, d)} and {(B, h, L_q)}"
+                               f"{forward_shapes_swapped(out, lse, (B, h, L_q, d), (B, h, L_q))}.")
         qd, kd, vd = (t.double() for t in (q, k, v))
         tol = 1e-9 if dtype == torch.float64 else 2e-5
         partial = partial_tile_message(_f64(out), _f64(lse), (qd, kd, vd), causal, bq, bk, tol)
@@ -656,7 +672,8 @@ def _check_flash_forward(fn: Callable[..., Any]) -> None:
                      else ref_forward(qd, kd, vd, causal, knob))
             if _max_diff(_f64(out), wrong[0]) <= tol and _max_diff(_f64(lse), wrong[1]) <= tol:
                 raise CheckFailure(f"Likely mistake ({case}): {reason}.", mistake=reason)
-        if named := forward_named(qd, kd, vd, causal, bq, bk, _f64(out), _f64(lse), tol):
+        if named := (forward_named(qd, kd, vd, causal, bq, bk, _f64(out), _f64(lse), tol)
+                     or forward_named_more(qd, kd, vd, causal, bq, bk, _f64(out), _f64(lse), tol)):
             raise CheckFailure(f"Likely mistake ({case}): {named[0]}.", mistake=named[1])
         which = [name for name, diff in (("out", d_out), ("lse", d_lse)) if diff > tol]
         bad = ((_f64(out) - exp_out).abs().amax(-1) > tol) | ((_f64(lse) - exp_lse).abs() > tol)

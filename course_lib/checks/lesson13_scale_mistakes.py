@@ -45,7 +45,9 @@ SCORE_MISCOUNTS: list[tuple[float, str]] = [  # (factor on the answer, what it m
     (HEADS, "that counts 12 of something twice: one layer has 12 heads, and the question asks for "
             "one layer, not GPT-2 small's 12 layers"),
     (1 / BYTES, "that is the number of scores, not bytes: a float32 number takes 4 bytes"),
-    (1 / 2, "half the answer: 2 bytes per number is float16 or bfloat16; float32 takes 4"),
+    (1 / 2, "half the answer, which fits two readings: either 2 bytes per number (float16 or "
+            "bfloat16; float32 takes 4), or only half of the (L, L) matrix, as if a causal mask "
+            "saved the masked half (Q K^T is computed whole; the mask hides half of it afterwards)"),
     (2, "twice the answer: 8 bytes per number is float64, or you counted the scores and the "
         "softmax's probabilities (ask only for the scores, Q K^T)"),
     (8, "exactly " + _BITS),

@@ -96,6 +96,7 @@ MISTAKES = [  # (the edit of the solution's source, the mistake the checker name
     ([("dq_i = ds @ k_j * scale", "dq_i = ds @ k_j * scale**2"),
       ("dk_j = ds.T @ q_i * scale", "dk_j = ds.T @ q_i * scale**2")], "scale twice"),
     ([("dv_j = p.T @ d_out_i", "dv_j = p @ d_out_i")], "dV = P dO"),
+    ([("dv_j = p.T @ d_out_i", "dv_j = p.T @ v_j")], "dV = P^T V"),  # tryout 13f
     ([("dp = d_out_i @ v_j.T", "dp = v_j @ d_out_i.T")], "dP transposed"),
     ([("dq_i = ds @ k_j * scale", "dq_i = ds.T @ k_j * scale")], "dQ = dS^T K"),
     ([("dk_j = ds.T @ q_i * scale", "dk_j = ds @ q_i * scale")], "dK = dS Q"),

@@ -34,6 +34,7 @@ import nbformat
 from nbclient import NotebookClient
 
 from course_lib.grading.cli import choose_sandbox, cores, grade_all, write_outputs
+from course_lib.grading.integrity import course_digest
 from course_lib.grading.platforms import Platform
 from course_lib.grading.lessons import read_lessons
 from course_lib.grading.runner import Settings, configure_worker, grade_submission
@@ -113,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         settings = Settings(cell_timeout=1800, notebook_timeout=7200, memory_bytes=8 * 2**30,
                             threads=max(1, cores() // args.workers), sandbox=mode,
                             scratch_root=str(folder), seed=0)
+        settings.course_digest = course_digest()  # checked around each submission, as the command does
         configure_worker(settings.threads)
         plain, single = [], []
         for i in range(0 if args.shards_only else args.singles):  # alternate: a change of load hits both alike

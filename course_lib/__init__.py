@@ -32,6 +32,9 @@ tests/lib/test_package_map.py fails when a module is missing here or breaks that
     14     sharding       ZeRO-1 around any optimizer, ZeRO's bytes per rank, collectives counted
     14     train_ddp      lesson 09's GPT under torchrun with DDP or FSDP2
     15     lora           LoRA by hand: LoRALinear, adapters on a frozen GPT, merge and unmerge (= PEFT)
+    16     chat           a chat template: role and stop tokens, grown embeddings, generation that stops
+    16     sft            supervised fine-tuning with the loss on the answer only (= TRL's)
+    16     dpo            direct preference optimisation: sequence log-probabilities, the loss (= TRL's)
     01-12  viz            pictures: attention heatmaps, masks, curves
     02-12  bertviz_views  bertviz's interactive views, drawn offline
 
@@ -43,6 +46,7 @@ The data sets, ``data/`` (``python -m course_lib.data fetch`` fetches what lesso
     08     data.dates            the date-normalisation corpus
     09     data.shakespeare      Shakespeare's plays, split by play
     10     data.gpt2_bpe         GPT-2's BPE files
+    16     data.instructions     instructions about the plays that a program can judge
     09-10  data.files            where fetched data lives, the sha256 check
 
 Studies of one lesson, ``studies/`` (runs stored in ``results/``, loaded by the lessons):
@@ -65,7 +69,9 @@ The grader, ``grading/`` (``python -m course_lib.grading``; docs/instructors.md)
     grading.cli             the command: grade a class, write every file
     grading.lessons         which exercises a lesson has, read from its notebook
     grading.runner          one submission in its own limited (sandboxed) kernel
-    grading.kernel_side     what runs inside that kernel: the re-check of every checker
+    grading.kernel_side     what runs inside that kernel, 1: the state a notebook may change, restored
+    grading.kernel_recheck  what runs inside that kernel, 2: the re-check of every checker
+    grading.integrity       course_lib as the run found it, or the run stops
     grading.limits          time and memory limits
     grading.points          points per exercise
     grading.report          grades.csv, the class report, each learner's feedback

@@ -18,7 +18,8 @@ rows, right?) and the leftovers; exit code 1 if any row is wrong or anything is 
 the grader promises to clean.
 
 Without the sandbox, the attacks that kill the grader's own processes (``KILLERS``) are graded in a
-call of their own, so that a batch they stop does not take the other rows with it.
+call of their own, so that a batch they stop does not take the other rows with it; so is the one that
+rewrites course_lib on disk (``WRITERS``), whose run stops after it with exit status 3.
 """
 
 from __future__ import annotations
@@ -46,6 +47,9 @@ from nbformat.v4 import new_code_cell  # noqa: E402
 MARK = "4949"  # in the command line of every process the class starts on purpose
 CANARY = "/tmp/rt49-canary."  # files the attacks write outside their scratch folder
 KILLERS = ("kill_parent", "kill_process_group")  # without the sandbox: graded in a call of their own
+# without the sandbox it changes course_lib on disk, which stops its run (exit status 3, the rest "not
+# graded": course_lib/grading/integrity.py): graded in a call of its own too
+WRITERS = ("a_writes_course_lib",)
 LIMITS = ["--timeout", "20", "--notebook-timeout", "400", "--recheck-timeout", "40", "--workers", "2",
           "--memory-gb", "3", "--max-notebook-mb", "5"]
 KEYS = {"00": L00, "01": L01}
@@ -180,8 +184,8 @@ def build() -> list[Case]:
     add("reads_other_notebook", "another learner's notebook read from the class folder and its answer exec'd",
         faked(IMPORTS, "", inside=READ_OTHER), [0, 1, 1])
     add("a_writes_course_lib", "course_lib/checks/ on disk rewritten so that the checker passes (without the "
-        "sandbox the re-check sees course_lib changed: every exercise 0)", faked(IMPORTS, WRITE_COURSE_LIB),
-        [0, 1, 1], plain=([0, 0, 0], "graded"))
+        "sandbox: every exercise 0, and the run stops, status 'course changed')", faked(IMPORTS, WRITE_COURSE_LIB),
+        [0, 1, 1], plain=([0, 0, 0], "course changed"))
     add("memory_2gb", "2 GB allocated and touched, then 4 GB more", insert_after(
         solve(lesson("00"), *L00), IMPORTS, MEMORY), [1, 1, 1], "memory limit")
     add("fork_bomb", "300 processes started (a bounded fork bomb), and a file in /tmp and /dev/shm",
@@ -770,11 +774,14 @@ def main(argv: list[str] | None = None) -> int:
     results, times, problems = {}, {}, []
 
     def runs_of(mode: str) -> list[dict]:
-        killers = [f"{c.student}{c.suffix}" for c in cases if c.student in KILLERS] if mode == "none" else []
-        if killers and len(killers) < len(cases):
-            keep = [f"{c.student}{c.suffix}" for c in cases if c.student not in KILLERS]
-            return [grade(mode, work, class_dir, keep), grade(mode, work, class_dir, killers, f"{mode}_killers")]
-        return [grade(mode, work, class_dir)]
+        if mode != "none":
+            return [grade(mode, work, class_dir)]
+        apart = {"killers": KILLERS, "writers": WRITERS}
+        groups = {tag: [f"{c.student}{c.suffix}" for c in cases if c.student in names] for tag, names in apart.items()}
+        keep = [f"{c.student}{c.suffix}" for c in cases if not any(c.student in n for n in apart.values())]
+        runs = [grade(mode, work, class_dir, keep)] if keep else []
+        return runs + [dict(grade(mode, work, class_dir, names, f"{mode}_{tag}"), expected_exit=3 * (tag == "writers"))
+                       for tag, names in groups.items() if names]
 
     modes = args.modes.split(",")
     with ThreadPoolExecutor(1 if args.one_at_a_time else len(modes)) as pool:
@@ -790,7 +797,7 @@ def main(argv: list[str] | None = None) -> int:
                     problems.append(f"{mode}: left behind: {what}: {found}")
                 elif found:
                     print(f"{mode}: (without the sandbox, as documented) {what}: {found}")
-            if run["returncode"]:
+            if run["returncode"] != run.get("expected_exit", 0):
                 problems.append(f"{mode}: the grader exited with {run['returncode']}")
     print("\n| submission | attack | expected | sandbox | no sandbox | right? |\n|---|---|---|---|---|---|")
     right = {mode: 0 for mode in results}

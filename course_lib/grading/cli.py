@@ -22,6 +22,7 @@ See docs/instructors.md.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import secrets
 import shutil
@@ -47,7 +48,8 @@ from .journal import (
     stopped_row,
     submission_digest,
 )
-from .lessons import read_lessons
+from .integrity import COURSE_CHANGED, NOT_GRADED, RESTORE, course_digest, not_graded_row, refusal
+from .lessons import Lesson, read_lessons
 from .report import write_all
 from .roster import match
 from .runner import (
@@ -127,41 +129,86 @@ def grade_all(paths: list[Path], settings: Settings, workers: int,
     on the way (killed from a kernel) costs only the rows it was grading: they are tried once more,
     one at a time, then get the status "grader error". ``contents``: the files' texts, read before
     any kernel started; ``sizes``: the sizes of those too large to read. Each row is written to
-    ``settings.journal`` as it comes in. The workers die with this process (``die_with_parent``)."""
+    ``settings.journal`` as it comes in. The workers die with this process (``die_with_parent``).
+
+    If course_lib changes on disk (``settings.course_digest``, integrity.py), the batch stops: what
+    has not started is not run, and every row not finished before the change has the status
+    "course changed" (0: the kernel that ran while it changed; in the journal only if it ran alone,
+    else it is graded again, alone, by the next run) or "not graded" (not in the journal)."""
     rows: dict[Path, Graded] = {}
     start = time.monotonic()
+    stopped: list[str] = []  # the stop's one line, once
 
-    def done(path: Path, row: Graded) -> None:
+    def done(path: Path, row: Graded, record: bool = True) -> None:
         rows[path] = row
-        record_finished(settings.journal, row, submission_digest((contents or {}).get(path), (sizes or {}).get(path)))
+        if record:
+            record_finished(settings.journal, row,
+                            submission_digest((contents or {}).get(path), (sizes or {}).get(path)))
         marks = row.marks()
         left = len(paths) - len(rows)
         spent = time.monotonic() - start
-        eta = f", about {spent / len(rows) * left:.0f} s left" if left else ""
+        eta = f", about {spent / len(rows) * left:.0f} s left" if left and not stopped else ""
         print(f"[{len(rows)}/{len(paths)}{eta}] {row.student}: lesson {row.lesson or '?'}, "
               f"{sum(marks.values())} of {len(marks)} passed, {row.status} ({row.seconds:.0f} s)", flush=True)
 
+    def stop(row: Graded) -> None:
+        if not stopped:
+            last = [r.student for r in rows.values() if r.status not in (COURSE_CHANGED, NOT_GRADED)]
+            when = (f"while {row.student} was graded" if row.status == COURSE_CHANGED else
+                    f"before {row.student} started" + (f", after {last[-1]} finished" if last else ""))
+            stopped.append(when)
+            print(f"grade: STOPPED: course_lib's files changed on disk {when}; nothing more is run", flush=True)
+
     def run(batch: list[Path], n: int) -> list[Path]:
         lost = []
+        alone = dataclasses.replace(settings, alone=n == 1 or len(batch) == 1)
         with ProcessPoolExecutor(n, mp_context=get_context("spawn"), initializer=configure_worker,
                                  initargs=(settings.threads, os.getpid())) as pool:
-            futures = {pool.submit(grade_submission, p, settings, None, (contents or {}).get(p),
+            futures = {pool.submit(grade_submission, p, alone, None, (contents or {}).get(p),
                                    (sizes or {}).get(p)): p for p in batch}
             for future in as_completed(futures):
+                if future.cancelled():
+                    continue
                 try:
-                    done(futures[future], future.result())
+                    row = future.result()
                 except Exception:  # noqa: BLE001 (a worker killed under a submission: BrokenProcessPool)
                     lost.append(futures[future])
+                    continue
+                if row.status in (COURSE_CHANGED, NOT_GRADED):
+                    stop(row)
+                    for other in futures:  # those not started yet are not run
+                        other.cancel()
+                # a suspect's 0 is kept only if it ran alone; one not run is graded by the next run
+                done(futures[future], row, record=row.status != NOT_GRADED
+                     and (row.status != COURSE_CHANGED or alone.alone))
         end_processes(set())  # what a killed worker's kernels left behind was re-parented to us
         return lost
 
     lost = run(paths, workers)
     for path in lost:  # alone, so that one submission's sabotage cannot cost another its row
-        for again in run([path], 1):
+        for again in ([] if stopped else run([path], 1)):
             row = Graded(student=again.stem, status="grader error",
                          notes=["the grader's worker was killed while grading it, twice"])
             done(again, row)
+    lessons = read_lessons() if len(rows) < len(paths) else {}
+    for path in paths:  # not run: course_lib changed
+        if path not in rows:
+            done(path, not_graded_row(Graded(student=path.stem), _lesson_of((contents or {}).get(path), lessons),
+                                      stopped[0]), record=False)
     return [rows[p] for p in paths]
+
+
+def _lesson_of(content: str | None, lessons: dict[str, Lesson]) -> Lesson | None:
+    """The lesson a notebook's text is, found without running it (None: not a notebook of the course)."""
+    import nbformat
+
+    from .lessons import match_lesson
+
+    try:
+        lid = match_lesson(nbformat.reads(content or "", as_version=4), lessons)
+    except Exception:  # noqa: BLE001
+        return None
+    return lessons.get(lid) if lid else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -236,12 +283,19 @@ def main(argv: list[str] | None = None) -> int:
                         memory_bytes=memory, threads=max(1, cores() // workers), sandbox=mode,
                         hidden=hidden, max_notebook_bytes=max_bytes,
                         seed=secrets.randbits(30))  # the re-check's seeds: one fresh draw per batch
+    # course_lib as this run found it: checked before and after each submission (integrity.py)
+    settings.course_digest = course_digest()
     # The journal (journal.py): what an earlier run of these settings finished is not graded again
     key = settings_key(settings, lessons)
     journal = Journal(args.out, key)
     digests = {p.stem: submission_digest(contents.get(p), sizes.get(p)) for p in paths}
     try:
-        earlier = resume(journal.open(), key, digests)
+        entries = journal.open()
+        refused = refusal(entries, settings.course_digest, journal.path)
+        if refused:
+            journal.close(remove=False)
+            parser.exit(2, f"grade: {refused}\n")
+        earlier = resume(entries, key, digests)
     except (RuntimeError, OSError) as err:
         parser.exit(2, f"grade: {err}\n")
     settings.journal = journal.for_workers()
@@ -280,7 +334,14 @@ def main(argv: list[str] | None = None) -> int:
     handlers = _stop_on_signals(journal, already, [scratch_root, sockets]) if argv is None else {}
     try:
         for batch, n in ((alone, 1), (rest, workers)):  # the suspects of a run that stopped: one at a time
-            if batch:
+            halted = [r for r in rows_of.values()
+                      if r.status in (COURSE_CHANGED, NOT_GRADED) and r.student not in earlier.rows]
+            if batch and halted:  # course_lib changed in the first batch: the second is not run
+                after = (f"while {halted[0].student} was graded" if halted[0].status == COURSE_CHANGED
+                         else "before the rest started")
+                rows_of.update((p.stem, not_graded_row(Graded(student=p.stem), _lesson_of(contents.get(p), lessons),
+                                                       after)) for p in batch)
+            elif batch:
                 rows_of.update((r.student, r) for r in grade_all(batch, settings, n, contents, sizes))
     except BaseException:
         journal.close(remove=False)  # kept: the same command again resumes
@@ -294,12 +355,26 @@ def main(argv: list[str] | None = None) -> int:
         if sockets:
             shutil.rmtree(sockets, ignore_errors=True)
     rows = [rows_of[p.stem] for p in paths]
+    changed = [r.student for r in rows if r.status == COURSE_CHANGED and r.student not in earlier.rows]
+    stopped = bool(changed) or any(r.status == NOT_GRADED for r in rows)
+    if stopped:  # the same command refuses to resume until course_lib is as this run found it
+        journal.write({"event": COURSE_CHANGED, "expected": settings.course_digest,
+                       "after": changed or ["between two submissions"]})
+        during = f"while {', '.join(changed)} {'was' if len(changed) == 1 else 'were'} graded" if changed \
+            else "between two submissions"
+        halt = (f"STOPPED: course_lib's files changed on disk during this run ({during}); the rows graded "
+                f"before are kept, the rest are 'not graded': {RESTORE}")
+        note = "; ".join(filter(None, [note, halt]))
     graded = sum(r.status == "graded" for r in rows)
     print(f"grade: {len(rows)} submissions ({graded} graded cleanly) in {time.monotonic() - start:.0f} s on "
           f"{workers} worker(s), sandbox {mode}")
     for written in write_outputs(args.out, rows, lessons, line, platform, shard, [p.stem for p in everyone],
                                  note):
         print(f"grade: {written}", flush=True)
+    if stopped:
+        journal.close(remove=False)
+        print(f"grade: {halt}", flush=True)
+        return 3
     journal.close(remove=True)  # every file is written: nothing to resume
     return 0
 

@@ -15,6 +15,9 @@ process (``SIGKILL``: nothing catches it). What holds anyway:
   stopped". (With several workers, the submissions then in flight are graded again, alone first: one
   that kills again is then alone.) A run stopped by a signal the grader can catch (Ctrl-C, SIGTERM)
   says so in the journal, and what it was grading is graded again, once.
+- **Never with a changed course_lib.** A run that found course_lib changed on disk (integrity.py)
+  stops and records it ("course changed", with the digest it began with); the same command refuses
+  to resume until course_lib is as that run began, then grades what was in flight again, alone.
 - **Never mixed.** Every line carries the key of the settings that change marks (``settings_key``:
   the limits, the sandbox, the grader's and the checkers' code, the lessons' exercises) and each
   submission is known by its learner id and the SHA-256 of its text: a journal of other settings or
@@ -198,7 +201,7 @@ def resume(entries: list[dict[str, Any]], key: str, digests: dict[str, str]) -> 
         if entry.get("v") != FORMAT or entry.get("settings") != key or not isinstance(run, str):
             found.ignored += 1
             continue
-        if entry.get("event") == "caught":
+        if entry.get("event") in ("caught", "course changed"):  # (course changed: integrity.py)
             caught.add(run)
             continue
         if entry.get("event") not in ("started", "finished") or student not in digests:

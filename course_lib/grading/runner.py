@@ -29,10 +29,13 @@ from .lessons import NOTEBOOK_DIR, Lesson, match_lesson, read_lessons
 _HERE = Path(__file__).resolve().parent
 COURSE_LIB = _HERE.parent
 # The most important problem first: a row shows one status.
-STATUS_ORDER = ["too large", "not a notebook", "unknown lesson", "grader stopped", "grader error",
-                "results forged", "kernel died", "timeout", "memory limit", "output too large", "stub moved",
-                "cells deleted", "cells reordered", "graded"]
+STATUS_ORDER = ["too large", "not a notebook", "unknown lesson", "not graded", "course changed",
+                "grader stopped", "grader error", "results forged", "kernel died", "timeout", "memory limit",
+                "output too large", "stub moved", "cells deleted", "cells reordered", "graded"]
 _MIME = "application/vnd.course-grader+json"  # kernel_side.MIME
+# The grader's code inside a kernel, sent as text and executed in one namespace, in this order:
+# the state it keeps and restores, then the re-check (kernel_side.py's docstring).
+KERNEL_FILES = ("kernel_side.py", "kernel_recheck.py")
 # The largest notebook the grader reads (--max-notebook-mb). The course's largest lesson notebook,
 # outputs included, is under 3 MB (02_multi_head_attention.ipynb, 2.9 MB); a learner's adds figures
 # and printed output, still a few MB. Reading and parsing a notebook costs the grader several times
@@ -42,7 +45,7 @@ MAX_NOTEBOOK_MB = 50.0
 # The re-check's one budget for all of a notebook's exercises together (--recheck-timeout): it is
 # this, or the exercises' cell limits added up if that is less (lesson 00 at --timeout 20: 60 s).
 # The kernel gives each exercise at most the cell limit and at most its fair share of what is left
-# (kernel_side.recheck). The whole re-check of the slowest lesson (10, then 09) took 12 s in-process
+# (kernel_recheck.recheck). The whole re-check of the slowest lesson (10, then 09) took 12 s in-process
 # on a busy 2-core machine, more in a fresh kernel that imports transformers first: 300 s leaves an
 # exercise of lesson 11 (7 exercises) 43 s at least. The grader waits RECHECK_GRACE s more (the
 # re-check's own start: re-importing the checkers, compiling the cells) and then gives a kernel that
@@ -77,6 +80,8 @@ class Settings:
     tmp_bytes: int = TMP_BYTES  # the sandbox's private /tmp: at most this much (it is RAM)
     shm_bytes: int = SHM_BYTES  # the sandbox's /dev/shm (RAM too): at most this much
     journal: dict[str, str] | None = None  # the run's journal ({"path", "run", "settings"}; journal.py)
+    course_digest: str | None = None  # course_lib's files as the run found them (integrity.py; None: not checked)
+    alone: bool = False  # no other submission is graded at the same time (who changed course_lib is certain)
 
 
 @dataclass
@@ -96,6 +101,12 @@ class Graded:
 
 
 _SOCKET_PATH_MAX = 107  # a Unix socket's address: sockaddr_un.sun_path less its closing NUL
+
+
+def kernel_source() -> str:
+    """The text the grader executes in each kernel (``KERNEL_FILES`` joined): it defines
+    ``snapshot()`` and ``recheck(...)`` in the namespace it is executed in."""
+    return "\n\n".join((_HERE / name).read_text(encoding="utf-8") for name in KERNEL_FILES)
 
 
 def _worse(current: str, new: str) -> str:
@@ -454,7 +465,7 @@ def _run(nb: Any, lesson: Lesson, scratch: Path, sockets: Path, settings: Settin
     token = secrets.token_hex(6)
     nonce = secrets.token_hex(16)
     grader = f"_g{token}"
-    source = (_HERE / "kernel_side.py").read_text(encoding="utf-8")
+    source = kernel_source()
     setup = (f"def {grader}():\n    ns = {{'__name__': 'grader'}}\n    exec({source!r}, ns)\n"
              f"    ns['restore'] = ns['snapshot']()\n    return ns\n{grader} = {grader}()")
     spec = [{"key": e.key, "name": e.name, "checker": e.checker, "args": e.args} for e in lesson.exercises]
@@ -490,7 +501,7 @@ def _run(nb: Any, lesson: Lesson, scratch: Path, sockets: Path, settings: Settin
             nb.cells[-1] = new_code_cell(recheck)
             client.grader_cell = len(nb.cells) - 1
             # one deadline for the whole re-check, however many exercises: the kernel keeps to it
-            # itself (kernel_side.recheck's budget); a kernel that stops answering is given up
+            # itself (kernel_recheck.recheck's budget); a kernel that stops answering is given up
             # RECHECK_GRACE s after it (it was n x cell_timeout + 300 s)
             client.timeout = budget + RECHECK_GRACE
             client.execute_cell(nb.cells[-1], len(nb.cells) - 1)
@@ -596,6 +607,10 @@ def grade_submission(path: Path, settings: Settings, lessons: dict[str, Lesson] 
         return row
     lesson = lessons[lesson_id]
     row.lesson = lesson_id
+    from . import integrity
+
+    if integrity.changed(settings.course_digest):  # before its kernel starts: the course is not the run's
+        return integrity.not_graded_row(row, lesson, "before it started")
     row.status = _structure(nb, lesson)
     moved = _moved_stubs(nb, lesson)
     keep = set(descendants(os.getpid()))
@@ -621,6 +636,10 @@ def grade_submission(path: Path, settings: Settings, lessons: dict[str, Lesson] 
         shutil.rmtree(scratch, ignore_errors=True)
         if scratch not in sockets.parents:  # a socket folder outside: its own, or its run's one
             shutil.rmtree(sockets if settings.socket_root else sockets.parent, ignore_errors=True)
+    if integrity.changed(settings.course_digest):  # after its processes ended: it, or one beside it, wrote
+        integrity.mark_changed(row, lesson, settings.alone)  # to course_lib; the run stops (cli.grade_all)
+        row.seconds = time.monotonic() - began
+        return row
     if moved:
         row.status = _worse(row.status, "stub moved")
         row.notes.append("the stub cell of " + ", ".join(moved) + " is gone and its name is defined after "
@@ -711,6 +730,6 @@ def configure_worker(threads: int, parent: int | None = None) -> None:
     os.environ["PYDEVD_DISABLE_FILE_VALIDATION"] = "1"
 
 
-__all__ = ["Settings", "Graded", "grade_submission", "read_notebook", "MAX_NOTEBOOK_MB", "RECHECK_SECONDS",
-           "configure_worker", "become_subreaper", "die_with_parent", "descendants", "end_processes",
-           "STATUS_ORDER", "NOTEBOOK_DIR"]
+__all__ = ["Settings", "Graded", "grade_submission", "kernel_source", "KERNEL_FILES", "read_notebook",
+           "MAX_NOTEBOOK_MB", "RECHECK_SECONDS", "configure_worker", "become_subreaper", "die_with_parent",
+           "descendants", "end_processes", "STATUS_ORDER", "NOTEBOOK_DIR"]

@@ -4,9 +4,10 @@
 
 Submissions are lesson notebooks edited programmatically: a stub replaced by its solution
 (course_lib.solutions) or by a known mistake (the wrong answers of tests/checks/test_lesson*.py), cells
-added, edited, deleted or moved. Most are lesson 00 (the shortest lesson to run); one each of
-lessons 01 and 02 make three lessons. ``SLOW`` submissions need a short cell time limit (endless loops)
-and are graded in a second run.
+added, edited, deleted or moved. All are lesson 00 (the shortest lesson to run: about 7 s a kernel on
+a busy 2-core machine) but one of lesson 01 (24 s), which makes two lessons. The ``slow`` submissions
+need a short cell time limit (an endless loop) and are graded in a second run, without the sandbox,
+with the kernel that kills its grader's worker (``build_killer``).
 
 Each kernel costs seconds (a fresh Python, torch, course_lib), so where the grader's path is the same,
 one notebook carries several cases, one per exercise (or cells that must change nothing, together):
@@ -170,8 +171,6 @@ def build() -> tuple[list[Submission], list[Submission]]:
     add("huge_output", insert_after(solve(lesson("00"), *L00), IMPORTS,
                                     "for i in range(60_000):\n    print('spam ' * 20)"), [1, 1, 1],
         "output too large")
-    add("lesson02_other_lesson", solve(lesson("02"), "02.split_heads", "02.view"), [0, 1, 0, 1, 0],
-        lesson_id="02")
 
     # --- issue 40: processes, kernels, sabotage, fakes ------------------------------------------
     # json.dumps is also what the kernel's own messages are made with: the kernel stops talking
@@ -199,11 +198,14 @@ def build() -> tuple[list[Submission], list[Submission]]:
     insert_after(copier, IMPORTS, "# scratch canary 8675309\nanswer = (2, 3, 4)")
     add("spawns_and_copies_from_scratch", solve(copier, "00.broadcast", source=SCRATCH_COPY), [0, 1, 1],
         cases=("spawns_processes", "copies_from_scratch"))
-    # (c) inspect.getsource of course_lib's reference, exec'd under the learner's name
-    reference = solve(lesson("01"), "01.padding_mask")
+    # (c) inspect.getsource of course_lib's reference, exec'd under the learner's name; and a lesson
+    # other than 00, partly solved, graded with its own exercises (one notebook: a lesson-01 kernel
+    # costs three of lesson 00's)
+    reference = solve(lesson("01"), "01.padding_mask", "01.top_key")
     edit(reference, "def my_attention", "my_attention = scaled_dot_product_attention  # course_lib's")
     edit(reference, "def fixed_attention", GETSOURCE)
-    add("lesson01_reference_pasted", reference, [0, 0, 0, 0, 1], lesson_id="01")
+    add("lesson01_reference_pasted", reference, [1, 0, 0, 0, 1], lesson_id="01",
+        cases=("reference_pasted", "other_lesson_partly_solved"))
 
     slow = [Submission("endless_loop", nbformat.writes(solve(solve(lesson("00"), *L00), "00.gradient",
                        source="def predicted_gradient():\n    while True:\n        pass\n")),
@@ -219,16 +221,21 @@ def build_sandboxed() -> list[Submission]:
 
 
 def build_plain() -> list[Submission]:
-    """The class graded with --sandbox none: the process and sabotage cases, and a kernel that
-    kills its grader's worker (with the sandbox its parent is the sandbox's init, which it cannot kill)."""
+    """The class graded with --sandbox none: the process and sabotage cases."""
     main, _ = build()
     keep = {"spawns_and_copies_from_scratch", "forged_results"}
-    s = [sub for sub in main if sub.student in keep]
-    s.append(Submission("kills_grader", nbformat.writes(insert_after(solve(lesson("00"), *L00), IMPORTS,
-                                                                     "import os, signal\nos.kill(os.getppid(), "
-                                                                     "signal.SIGKILL)")),
-                        "", {}, "grader error"))
-    return s
+    return [sub for sub in main if sub.student in keep]
+
+
+def build_killer() -> list[Submission]:
+    """A kernel that kills its grader's worker, graded with --sandbox none (with the sandbox its
+    parent is the sandbox's init, which it cannot kill). Its worker's pool breaks, and every
+    submission in flight in it is graded again alone: so it is graded beside the endless loop, one
+    worker, after it, and not beside the plain class (each of whose kernels it would cost a second run)."""
+    return [Submission("kills_grader", nbformat.writes(insert_after(solve(lesson("00"), *L00), IMPORTS,
+                                                                    "import os, signal\nos.kill(os.getppid(), "
+                                                                    "signal.SIGKILL)")),
+                       "", {}, "grader error")]
 
 
 MARK = "4242"  # in the command line of every process the class starts: the test looks for it after

@@ -1,9 +1,10 @@
 """The grader on a generated class (tests/grading/grade_class.py): every row of grades.csv, the report, feedback.
 
-The class (lessons 00, 01 and 02, mostly 00, the shortest to run) is graded in one call of
+The class (lessons 00 and 01, all but one of lesson 00, the shortest to run) is graded in one call of
 ``python -m course_lib.grading`` with two workers and the sandbox where bwrap works (``auto``); an
-endless loop in a second call with a 3 s cell limit, started at the same time; then the process and
-sabotage cases again with ``--sandbox none`` in a third. Each call gets a TMPDIR of its
+endless loop and a kernel that kills its worker in a second call, one worker, a 3 s cell limit and
+``--sandbox none``, started at the same time; then the process and sabotage cases again with
+``--sandbox none`` in a third. Each call gets a TMPDIR of its
 own, which must be empty afterwards; after them no process of the class (its marked sleeps, its
 kernels) is left. Where the grader's path is the same, one notebook carries several cases, one
 per exercise (grade_class.py, ``Submission.cases``). Two of the gradient mistakes lesson 00's
@@ -29,7 +30,16 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from grade_class import GRADIENT_MISTAKES, KERNEL_MISTAKES, MARK, build, build_plain, build_sandboxed, write
+from grade_class import (
+    GRADIENT_MISTAKES,
+    KERNEL_MISTAKES,
+    MARK,
+    build,
+    build_killer,
+    build_plain,
+    build_sandboxed,
+    write,
+)
 
 from course_lib.grading.cli import choose_sandbox
 from course_lib.grading.lessons import read_lessons
@@ -41,7 +51,8 @@ SANDBOX = choose_sandbox("auto")[0] == "bwrap"
 # the class's TMPDIR is long on purpose: its scratch folders' socket paths would pass a Unix
 # socket's 107 characters, as pytest's own temporary folders do on some machines
 TMP_CLASS = "tmp_class_" + "long" * 15
-TMP_PLAIN = "tmp_plain_" + "long" * 15  # and with a worker killed under it (kills_grader)
+TMP_PLAIN = "tmp_plain_" + "long" * 15
+TMP_SLOW = "tmp_slow_" + "long" * 15  # and with a worker killed under it (kills_grader)
 
 
 def _digest(folder: Path, pattern: str = "*") -> str:
@@ -106,24 +117,28 @@ def graded(tmp_path_factory):
     if SANDBOX:
         main_class += build_sandboxed()
     plain = build_plain()
+    slow += build_killer()  # (after the endless loop, on the same one worker: see build_killer)
     write(main_class, tmp / "class")
     write(slow, tmp / "slow")
     write(plain, tmp / "plain")
     before = (_digest(tmp / "class"), _digest(ROOT / "notebooks", "0[0-2]_*.ipynb"))  # the class's lessons
     # The endless loop burns a core for its 3 s limit, twice (its cell, then the re-check); it runs
-    # beside the class's call. The plain call comes after the class's: side by side, the two calls'
-    # four workers oversubscribe the 2 cores that `make test` shares with the lessons (measured:
-    # `make test` 13.2 min with them side by side). Lesson 00's slowest cell takes under 1 s.
+    # beside the class's call, on one worker, without the sandbox, and then the kernel that kills
+    # its worker (twice: it is tried again alone). The plain call comes after the class's: side by
+    # side, the two calls' four workers oversubscribe the 2 cores that `make test` shares with the
+    # lessons (measured: `make test` 13.2 min with them side by side). Lesson 00's slowest cell
+    # takes under 1 s.
     calls = []
     try:
-        calls.append(_start_grading(tmp / "out_slow", tmp / "slow", tmp / "tmp_slow", "--timeout", "3"))
+        calls.append(_start_grading(tmp / "out_slow", tmp / "slow", tmp / TMP_SLOW, "--timeout", "3",
+                                    "--workers", "1", "--sandbox", "none"))
         calls.append(_start_grading(tmp / "out", tmp / "class", tmp / TMP_CLASS,
                                     "--workers", "2", "--timeout", "120"))
         log = _finish_grading(calls[-1])
         calls.append(_start_grading(tmp / "out_plain", tmp / "plain", tmp / TMP_PLAIN,
                                     "--workers", "2", "--timeout", "120", "--sandbox", "none"))
         plain_log = _finish_grading(calls[-1])
-        _finish_grading(calls[0])
+        slow_log = _finish_grading(calls[0])
     except BaseException:
         for call in calls:  # no grader left running behind a failed test
             if call.poll() is None:
@@ -132,10 +147,10 @@ def graded(tmp_path_factory):
         raise
     after = (_digest(tmp / "class"), _digest(ROOT / "notebooks", "0[0-2]_*.ipynb"))  # the class's lessons
     left = _left_behind(tmp)
-    tmp_files = [str(p) for d in ("tmp_slow", TMP_CLASS, TMP_PLAIN) for p in (tmp / d).rglob("*")]
+    tmp_files = [str(p) for d in (TMP_SLOW, TMP_CLASS, TMP_PLAIN) for p in (tmp / d).rglob("*")]
     tmp_files += _socket_folders_of(tmp)
     return {"tmp": tmp, "class": main_class, "slow": slow, "plain": plain, "before": before, "after": after,
-            "log": log, "plain_log": plain_log, "left": left, "tmp_files": tmp_files}
+            "log": log, "plain_log": plain_log, "slow_log": slow_log, "left": left, "tmp_files": tmp_files}
 
 
 def _rows(path: Path) -> tuple[list[str], dict[str, dict[str, str]]]:
@@ -148,12 +163,13 @@ def test_the_class_is_big_enough():
     main_class, slow = build()
     cases = [c for s in main_class + slow for c in s.cases]
     assert len(cases) >= 30 and len(set(cases)) == len(cases)  # cases, several in some notebooks
-    assert {s.lesson for s in main_class} >= {"00", "01", "02"}
+    assert {s.lesson for s in main_class} >= {"00", "01"}
 
 
-@pytest.mark.parametrize("which", ["class", "plain"])
+@pytest.mark.parametrize("which", ["class", "plain", "slow"])
 def test_every_row_of_grades_csv(graded, which):
-    header, rows = _rows(graded["tmp"] / {"class": "out", "plain": "out_plain"}[which] / "grades.csv")
+    header, rows = _rows(graded["tmp"] / {"class": "out", "plain": "out_plain", "slow": "out_slow"}[which]
+                         / "grades.csv")
     lessons = read_lessons()
     keys = [k for lid in ("00", "01", "02") if any(s.lesson == lid for s in graded[which])
             for k in lessons[lid].keys]
@@ -210,10 +226,11 @@ def test_sockets_go_where_their_paths_fit(tmp_path):
 def test_the_first_line_says_whether_kernels_are_sandboxed(graded):
     assert graded["log"].startswith("grade: sandbox bwrap" if SANDBOX else "grade: NO SANDBOX")
     assert graded["plain_log"].startswith("grade: NO SANDBOX (--sandbox none)")
+    assert graded["slow_log"].startswith("grade: NO SANDBOX (--sandbox none)")
     report = (graded["tmp"] / "out_plain" / "report.html").read_text(encoding="utf-8")
     assert "NO SANDBOX" in report
-    assert "Kernel is running over TCP" not in graded["log"] + graded["plain_log"]
-    assert "Task exception" not in graded["log"] + graded["plain_log"]
+    assert "Kernel is running over TCP" not in graded["log"] + graded["plain_log"] + graded["slow_log"]
+    assert "Task exception" not in graded["log"] + graded["plain_log"] + graded["slow_log"]
     assert f"[{len(graded['class'])}/{len(graded['class'])}]" in graded["log"]
     assert "s left]" in graded["log"]
 
@@ -345,10 +362,10 @@ def _learner_namespace(lesson_id: str, keys: list[str]) -> tuple[dict, list[str]
 
 @pytest.mark.parametrize("lesson_id", IN_PROCESS)
 def test_every_checker_passes_a_correct_answer_through_the_recheck(lesson_id, checkers_put_back):
-    from course_lib.grading import kernel_side
+    from course_lib.grading.runner import kernel_source
 
     grader: dict = {"__name__": "grader"}
-    exec(Path(kernel_side.__file__).read_text(encoding="utf-8"), grader)  # noqa: S102 (as the grader sends it)
+    exec(kernel_source(), grader)  # noqa: S102 (as the grader sends it)
     restore = grader["snapshot"]()
     lesson = read_lessons()[lesson_id]
     user_ns, cells = _learner_namespace(lesson_id, lesson.keys)
@@ -388,7 +405,7 @@ def test_answers_recorded_while_the_notebook_ran_are_not_replayed(checkers_put_b
     import torch
 
     from course_lib.checks import check_split_heads
-    from course_lib.grading import kernel_side
+    from course_lib.grading.runner import kernel_source
 
     solution, _ = _learner_namespace("02", ["02.split_heads"])
     recorded: list[tuple[tuple, torch.Tensor]] = []
@@ -410,7 +427,7 @@ def test_answers_recorded_while_the_notebook_ran_are_not_replayed(checkers_put_b
     check_split_heads(split_heads)
     assert "check_split_heads: " in capsys.readouterr().out  # the replay passes the notebook's check
     grader: dict = {"__name__": "grader"}
-    exec(Path(kernel_side.__file__).read_text(encoding="utf-8"), grader)  # noqa: S102 (as the grader sends it)
+    exec(kernel_source(), grader)  # noqa: S102 (as the grader sends it)
     restore = grader["snapshot"]()
     spec = [{"key": "02.split_heads", "name": "split_heads", "checker": "check_split_heads", "args": []}]
     results = grader["recheck"](spec, 10_000, 60.0, restore, "nonce", str(ROOT / "course_lib" / "solutions"),

@@ -2,7 +2,7 @@
 
 - A notebook larger than ``--max-notebook-mb`` is not read: its row says "too large", with 0 marks
   (a sparse file: no real disk is used).
-- The re-check has one budget for all of a notebook's exercises: in the kernel (kernel_side.recheck
+- The re-check has one budget for all of a notebook's exercises: in the kernel (kernel_recheck.recheck
   shares one deadline among the exercises), and in the grader, which waits for a kernel that stops
   answering no longer than that budget and a grace, however many exercises the lesson has (a fake
   kernel client on a fake clock: the real kernel's numbers are in the report of #49).
@@ -83,10 +83,10 @@ def test_the_limit_is_an_option_and_the_row_gets_0(tmp_path, monkeypatch, capsys
 # ----------------------------------------------------------------------------------------------
 
 def _grader() -> dict:
-    from course_lib.grading import kernel_side
+    from course_lib.grading.runner import kernel_source
 
     grader: dict = {"__name__": "grader"}
-    exec(Path(kernel_side.__file__).read_text(encoding="utf-8"), grader)  # noqa: S102 (as the grader sends it)
+    exec(kernel_source(), grader)  # noqa: S102 (as the grader sends it)
     return grader
 
 

@@ -1,4 +1,4 @@
-"""The re-check (course_lib/grading/kernel_side.py) in this process, without a kernel (#49).
+"""The re-check (course_lib/grading/kernel_side.py and kernel_recheck.py) in this process, without a kernel (#49).
 
 - "Code from your notebook's cells": a learner's cell runs in a real IPython shell (IPython compiles
   each top-level statement on its own), then the grader's re-check decides; a correct answer whose
@@ -26,10 +26,10 @@ NOT_FROM_CELLS = "is not code from your notebook's cells"
 
 
 def _grader() -> dict:
-    from course_lib.grading import kernel_side
+    from course_lib.grading.runner import kernel_source
 
     grader: dict = {"__name__": "grader"}
-    exec(Path(kernel_side.__file__).read_text(encoding="utf-8"), grader)  # noqa: S102 (as the grader sends it)
+    exec(kernel_source(), grader)  # noqa: S102 (as the grader sends it)
     return grader
 
 

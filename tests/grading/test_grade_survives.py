@@ -7,7 +7,8 @@ the rows finished before the kill come from the journal, the submission that was
 0 with the status "grader stopped" (it is not run again: it would kill the grader again), the rest
 is graded, and neither the journal nor the dead run's scratch folder is left.
 
-Lesson 00 only, one worker, small limits: three kernels in all.
+Lesson 00 only, one worker, small limits: three kernels in all. The same for a kernel that changes
+course_lib on disk (integrity.py): the run stops, and resumes only once course_lib is restored.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import csv
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -253,3 +255,126 @@ def test_only_a_dead_runs_scratch_folder_is_removed(tmp_path):
     (dead / journal.OWNER_FILE).write_text(f"{gone.pid} 1\n")  # a pid that ran, with its start time: gone
     assert str(dead) in journal.remove_stale(str(tmp_path))
     assert not dead.exists() and live.exists() and unclaimed.exists()
+
+
+# ----------------------------------------------------------------------------------------------
+# course_lib changed on disk by a kernel (no sandbox): the run stops (course_lib/grading/integrity.py)
+# ----------------------------------------------------------------------------------------------
+
+# Appends a comment to a checker file of the course_lib copy the kernel imported (the test's own
+# copy: the cell refuses any other), after the lesson's cells ran: the kernel's own re-check zeroes
+# this notebook; every kernel started after it would import the changed file.
+REWRITER = """import course_lib.checks.common as _common
+assert _common.__file__.startswith({copy!r}), _common.__file__  # the test's copy, never the clone
+with open(_common.__file__, "a", encoding="utf-8") as _f:
+    _f.write("\\n# changed by a learner's kernel\\n")
+"""
+
+
+def test_course_lib_changed_on_disk_stops_the_run_until_it_is_restored(tmp_path):
+    """Three lesson-00 notebooks, one worker, no sandbox, on a copy of course_lib: the second
+    appends to a checker file. The run stops after it (exit 3): the first's row is kept, the second
+    gets 0 (status "course changed"), the third is not run ("not graded"); the same command refuses
+    to resume while the file is changed (exit 2), and once it is restored grades only the third."""
+    copy = tmp_path / "course"
+    shutil.copytree(ROOT / "course_lib", copy / "course_lib", ignore=shutil.ignore_patterns("__pycache__"))
+    (copy / "notebooks").mkdir()
+    shutil.copy(next((ROOT / "notebooks").glob("00_*.ipynb")), copy / "notebooks")
+    common = copy / "course_lib" / "checks" / "common.py"
+    original = common.read_bytes()
+    folder, out, tmp = tmp_path / "class", tmp_path / "out", tmp_path / "tmp"
+    folder.mkdir()
+    tmp.mkdir()
+    (folder / "a_first.ipynb").write_text(nbformat.writes(solve(lesson("00"), *L00)), encoding="utf-8")
+    rewriter = solve(lesson("00"), *L00)
+    rewriter.cells.append(nbformat.v4.new_code_cell(REWRITER.format(copy=str(copy))))
+    (folder / "b_rewriter.ipynb").write_text(nbformat.writes(rewriter), encoding="utf-8")
+    (folder / "c_third.ipynb").write_text(nbformat.writes(solve(lesson("00"), "00.broadcast")), encoding="utf-8")
+
+    def grade() -> subprocess.CompletedProcess:
+        command = [sys.executable, "-m", "course_lib.grading", "--out", str(out), "--sandbox", "none",
+                   "--workers", "1", "--timeout", "60", "--notebook-timeout", "120", "--recheck-timeout", "60",
+                   str(folder)]
+        return subprocess.run(command, capture_output=True, text=True, cwd=copy, timeout=600,
+                              env=dict(os.environ, TMPDIR=str(tmp), PYTHONPATH=str(copy)))
+
+    def rows() -> dict[str, tuple[str, ...]]:
+        with (out / "grades.csv").open(newline="", encoding="utf-8") as f:
+            return {r["student"]: (r["00.broadcast"], r["00.gradient"], r["00.parameters"], r["status"])
+                    for r in csv.DictReader(f)}
+
+    first = grade()
+    log = first.stdout + first.stderr
+    assert common.read_bytes() != original, log  # the kernel changed the copy (and only the copy)
+    assert first.returncode == 3, log
+    assert "STOPPED: course_lib's files changed on disk while b_rewriter was graded" in log
+    assert rows() == {"a_first": ("1", "1", "1", "graded"), "b_rewriter": ("0", "0", "0", "course changed"),
+                      "c_third": ("0", "0", "0", "not graded")}
+    assert "c_third: lesson 00, 0 of 3 passed, not graded" in log  # its kernel never started
+    report = (out / "report.html").read_text(encoding="utf-8")
+    assert "STOPPED: course_lib&#x27;s files changed on disk" in report and "not graded" in report
+    events = [json.loads(line) for line in (out / journal.JOURNAL_FILE).read_text().splitlines()]
+    assert [(e["event"], e.get("student")) for e in events] == [
+        ("run", None), ("started", "a_first"), ("finished", "a_first"), ("started", "b_rewriter"),
+        ("finished", "b_rewriter"), ("course changed", None)]
+    assert events[-1]["after"] == ["b_rewriter"]
+
+    refused = grade()  # course_lib still changed: no resume, nothing run
+    log = refused.stdout + refused.stderr
+    assert refused.returncode == 2, log
+    assert "course_lib is still not as that run began" in log and "a_first" not in log
+
+    common.write_bytes(original)
+    last = grade()
+    log = last.stdout + last.stderr
+    assert last.returncode == 0, log
+    assert "resumed: 2 row(s) taken from the journal" in log and "[1/1" in log and "c_third" in log
+    assert rows() == {"a_first": ("1", "1", "1", "graded"), "b_rewriter": ("0", "0", "0", "course changed"),
+                      "c_third": ("1", "0", "0", "graded")}
+    assert not (out / journal.JOURNAL_FILE).exists() and list(tmp.iterdir()) == []
+    assert _none_left(tmp, 5) == []
+
+
+def test_a_change_to_course_lib_is_seen_and_refuses_a_resume(tmp_path):
+    """The digest: any file of course_lib or lesson notebook changed, added or removed changes it
+    (not __pycache__); a journal that recorded a change refuses a resume until the digest is the
+    run's first again."""
+    from course_lib.grading import integrity
+
+    root, notebooks = tmp_path / "course_lib", tmp_path / "notebooks"
+    (root / "checks" / "__pycache__").mkdir(parents=True)
+    notebooks.mkdir()
+    (root / "checks" / "common.py").write_text("x = 1\n")
+    (notebooks / "00_intro.ipynb").write_text("{}")
+    first = integrity.course_digest(root, notebooks)
+    (root / "checks" / "__pycache__" / "common.cpython-311.pyc").write_bytes(b"\0")
+    (notebooks / "notes.txt").write_text("not a lesson")
+    assert integrity.course_digest(root, notebooks) == first
+    for path, text in ((root / "checks" / "new.py", ""), (notebooks / "01_more.ipynb", "{}")):
+        path.write_text(text)  # a file added
+        assert integrity.course_digest(root, notebooks) != first, path
+        path.unlink()
+    assert integrity.course_digest(root, notebooks) == first
+    (notebooks / "00_intro.ipynb").write_text('{"cells": []}')
+    assert integrity.course_digest(root, notebooks) != first
+    (notebooks / "00_intro.ipynb").write_text("{}")
+    (root / "checks" / "common.py").write_text("x = 2\n")
+    assert integrity.course_digest(root, notebooks) != first
+    entries = [{"event": "run"}, {"event": "course changed", "expected": first, "after": ["bob"]}]
+    why = integrity.refusal(entries, integrity.course_digest(root, notebooks), tmp_path / "journal.jsonl")
+    assert why and "(bob)" in why and "restore course_lib" in why and "delete" in why
+    assert integrity.refusal(entries, first, tmp_path / "journal.jsonl") is None
+    assert not integrity.changed(None)  # no digest recorded (a caller of grade_submission alone): not checked
+
+
+def test_the_suspects_of_a_course_change_are_graded_again_alone(tmp_path):
+    """Two submissions in flight when course_lib changed (two workers): neither finished in the
+    journal, both graded again, alone, by the next run (integrity.py)."""
+    j = journal.Journal(tmp_path, "k")
+    j.open()
+    for student in ("ada", "bob"):
+        journal.record_started(j.for_workers(), student, f"sha-{student}")
+    j.write({"event": "course changed", "expected": "d", "after": ["ada", "bob"]})
+    j.close(remove=False)
+    found = _journal_of(tmp_path, "k", {"ada": "sha-ada", "bob": "sha-bob"})
+    assert (sorted(found.alone), found.stopped, found.rows) == (["ada", "bob"], {}, {})

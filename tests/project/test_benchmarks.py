@@ -77,3 +77,25 @@ def test_flash_benchmark_measures_in_a_fresh_process_and_the_pages_save():
     reserved, held, written = flash.paged_saving([6, 40, 13], block_size=8)  # asserts the tokens
     assert written < held < reserved
     assert held == (1 + 5 + 2) * 2 * 2 * 2 * 16 * 8 * 4  # blocks of 8: 1 + 5 + 2 of them
+
+
+def test_lora_benchmark_reports_full_and_lora_fine_tuning_on_a_tiny_budget():
+    import re
+
+    from course_lib.gpt import GPT, GPTConfig
+    from course_lib.studies.finetuning import corpora, finetune
+
+    lora_benchmark = load("lora")
+    plays, _ = corpora()
+    torch.manual_seed(0)
+    base = GPT(GPTConfig(vocab_size=len(plays.vocab), max_len=16, d_model=16, num_heads=2, num_layers=1,
+                         d_ff=32)).eval()
+    small = dict(eval_every=0, val_windows=8, batch_size=4, block_size=16)
+    full = finetune(base, "full", 2, **small)
+    lora = finetune(base, "lora", 2, r=2, alpha=4, **small)
+    assert "16 held out" in lora_benchmark.describe_data()
+    assert lora_benchmark.describe_run(lora).startswith("lora: lr 0.01, ")
+    line = lora_benchmark.benchmark_line(full, lora)
+    assert re.fullmatch(r"lora: r=2 trains \d+\.\d% of the parameters; poems loss \d\.\d\d vs full fine-tuning "
+                        r"\d\.\d\d after 2 steps; optimizer state \d+\.\d× smaller; step time \d+\.\d\d× full",
+                        line), line

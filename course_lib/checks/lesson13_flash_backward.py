@@ -39,6 +39,7 @@ from torch.overrides import TorchFunctionMode
 
 from .. import flash
 from .common import CheckFailure, calls_to, checker, course_lib_used, one_thread, plain, time_limit
+from .lesson13_named_g import backward_matmul_said
 
 __all__ = ["check_flash_backward_tile", "check_io_ratio", "io_bytes_answer", "io_ratio_answer"]
 
@@ -339,8 +340,8 @@ def _call(fn: Callable[..., Any], *args: Any, case: str, **kwargs: Any) -> Any:
         raise
     except Exception as err:
         raise CheckFailure(f"Your code raised {type(err).__name__} ({case}, tile at i0={kwargs['i0']}, "
-                           f"j0={kwargs['j0']}): {err}. {SIGNATURE_HINT} Check which products need a "
-                           "transpose.") from err
+                           f"j0={kwargs['j0']}): {err}.{backward_matmul_said(fn)} {SIGNATURE_HINT} Check "
+                           "which products need a transpose.") from err
 
 
 def _result(got: Any, sizes: tuple[int, int, int, int], i0: int, j0: int, case: str) -> tuple[torch.Tensor, ...]:

@@ -289,6 +289,9 @@ NAMED_LOCATE: list[tuple[str, Callable[[list[int], int, int], Any]]] = [  # (wha
      "slot, position % block_size, is right): logical block n holds positions n * block_size .. "
      "(n + 1) * block_size - 1, so the last position of each block lands in the next block",
      lambda t, p, s: (_entry(t, (p + 1) // s), p % s)),
+    ("the slot computed as position - n, with n = position // block_size the logical block (the "
+     "physical block is right): block n starts at position n * block_size, so the slot is position - "
+     "n * block_size, that is position % block_size", lambda t, p, s: (_entry(t, p // s), p - p // s)),
 ]
 
 

@@ -10,6 +10,8 @@ The checkers of ``lesson13_scale`` consult them; nothing here is a checker.
   with p measured from the old maximum, each block's own softmax averaged, or o never divided.
 * ``LOW_FIX_CASE``, ``low_fix_inputs(L_q, L_k, d, gen)`` and ``low_said(case, q, k, got)``: the
   Debug's float32 case whose scores are all about -150, and what is observed when it gives NaN.
+* ``largest_finite(t) -> float`` and ``raw_exp_said(case, largest) -> str``: the largest argument
+  an ``exp`` received, and what is said when it is above 0 (scores not measured from a maximum).
 """
 
 from __future__ import annotations
@@ -22,9 +24,13 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .common import time_limit
+from .lesson13_named_g import fix_scale_said, merge_absolute_said, merge_order_said
 
 __all__ = ["merge_named_more", "forward_named_more", "forward_shapes_swapped", "fix_named_more",
-           "LOW_FIX_CASE", "low_fix_inputs", "low_said"]
+           "LOW_FIX_CASE", "low_fix_inputs", "low_said", "largest_finite", "raw_exp_said", "RAW_EXP_SLACK",
+           "positive_finite", "are_raw_scores"]
+
+RAW_EXP_SLACK = 1e-3  # s - m_new and m_old - m_new are <= 0; round-off between float32 and float64 stays below
 
 
 def _close(a: torch.Tensor, b: torch.Tensor, tol: float = 1e-9) -> bool:
@@ -62,14 +68,29 @@ def _more_merges(m_a: torch.Tensor, ell_a: torch.Tensor, o_a: torch.Tensor, m_b:
          "rescaled states are averaged, (a + b) / 2, where the merged state sums over the keys of "
          "both (o / ell comes out right, but ell and o do not, and the next merge weighs them wrong)",
          "the two states averaged, not added", (m, ell / 2, o / 2)),
+        ("m and o are right, and ell is exp(m_a - m) ell_a + ell_b: ell_b is added without its factor "
+         "exp(m_b - m), as if m_b were always the larger maximum (where m_b < m_a, ell_b's terms are "
+         "measured from m_b, not from m)", "ell_b not rescaled", (m, a * ell_a + ell_b, o)),
+        ("m and o are right, and ell is ell_a + exp(m_b - m) ell_b: ell_a is added without its factor "
+         "exp(m_a - m), as if m_a were always the larger maximum", "ell_a not rescaled",
+         (m, ell_a + b * ell_b, o)),
+        ("m is right, and ell and o are both divided by exp(m_a - m) + exp(m_b - m): the two factors "
+         "are normalised to add up to 1, like weights. Each factor rescales its own state on its "
+         "own: ell_a and o_a sum exp(score - m_a) over a's keys, and exp(m_a - m) moves them to m",
+         "factors normalised to sum to 1",
+         (m, ell / (a + b).clamp_min(1e-300), o / (a + b).clamp_min(1e-300)[..., None])),
     ]
 
 
-def merge_named_more(case: str, inputs: tuple[torch.Tensor, ...], got: tuple[torch.Tensor, ...]
-                     ) -> tuple[str, str] | None:
+def merge_named_more(case: str, inputs: tuple[torch.Tensor, ...], got: tuple[torch.Tensor, ...],
+                     fn: Callable[..., Any] | None = None) -> tuple[str, str] | None:
     """What is observed when ``got = (m, ell, o)`` is one of the merges above, or ``(m, o, ell)``
     returned in that order, or a state measured from 0 (m = 0, ell = exp(m_a) ell_a + ...)."""
     m_a, ell_a, o_a, m_b, ell_b, o_b = inputs
+    if order := merge_order_said(case, inputs, got):
+        return order
+    if absolute := merge_absolute_said(case, inputs, got, fn):
+        return absolute
     if (len(got) == 3 and got[1].shape == o_a.shape and got[2].shape == ell_a.shape
             and o_a.shape != ell_a.shape):
         return (f"Observed ({case}): your second tensor has o's shape {tuple(o_a.shape)} and your "
@@ -188,6 +209,8 @@ def fix_named_more(fn: Callable[..., Any], q: torch.Tensor, k: torch.Tensor, v: 
                     "block's p is measured from that old maximum. Print p and the maximum it is "
                     "measured from at the first two blocks", "p measured from the old maximum")
         return None
+    if scaled := fix_scale_said(q, k, v, block_k, got, case):
+        return scaled
     blocks = [slice(j, j + block_k) for j in range(0, k.size(0), block_k)]
     per_block = sum(torch.softmax(s[:, b], -1) @ vd[b] for b in blocks) / len(blocks)
     if len(blocks) > 1 and _close(got, per_block, tol):
@@ -231,3 +254,49 @@ def low_said(case: str, q: torch.Tensor, k: torch.Tensor, got: torch.Tensor) -> 
             "exactly 0 once x is below about -104 (the smallest float32 above 0 is about 1.4e-45 = "
             "exp(-103.3)), and 0 / 0 is NaN. Print the arguments your exp receives at the first block, "
             "and ell after it")
+
+
+# ----------------------------------------------------------------------------------------------
+# flash_forward: exp of raw scores
+# ----------------------------------------------------------------------------------------------
+
+
+def largest_finite(t: Any) -> float:
+    """The largest finite value of a floating tensor ``t`` (any shape), -inf if there is none."""
+    if not isinstance(t, torch.Tensor) or not t.is_floating_point() or t.numel() == 0:
+        return -math.inf
+    finite = t.detach()[torch.isfinite(t.detach())]
+    return float(finite.max()) if finite.numel() else -math.inf
+
+
+def raw_exp_said(case: str, largest: float) -> str:
+    """What is observed when an ``exp`` received ``largest`` > 0: scores not measured from a maximum."""
+    return (f"Right numbers here, but exp receives scores up to {largest:.3g} ({case}), not measured from "
+            "a running maximum: an online softmax only ever takes exp of s - m_new and of m_old - m_new, "
+            "both <= 0. These scores are small; in float32 exp overflows past about 88 (exp(88.7) = "
+            "3.4e38, inf beyond), in float64 past about 709, so real scores of a few hundred give inf "
+            "and NaN.")
+
+
+def positive_finite(t: Any, limit: int = 4096) -> torch.Tensor:
+    """Up to ``limit`` of the finite values above ``RAW_EXP_SLACK`` in a floating tensor ``t`` (any
+    shape), as a float64 vector; empty if there are none."""
+    if not isinstance(t, torch.Tensor) or not t.is_floating_point() or t.numel() == 0:
+        return torch.zeros(0, dtype=torch.float64)
+    flat = t.detach().reshape(-1).double()
+    return flat[torch.isfinite(flat) & (flat > RAW_EXP_SLACK)][:limit]
+
+
+def are_raw_scores(args: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> bool:
+    """Whether most positive ``exp`` arguments ``args (n,)`` are the case's own scaled scores
+    ``q kᵀ / √d`` (q (B, h, L_q, d), k (B, h, L_k, d)): exp of raw scores. A rescale written as
+    ``1 / exp(m_new - m_old)`` passes positive differences of maxima, which are not scores."""
+    if args.numel() == 0:
+        return False
+    scores = (q.double() @ k.double().transpose(-2, -1) / math.sqrt(q.size(-1))).reshape(-1)
+    scores, _ = scores.sort()
+    where = torch.searchsorted(scores, args).clamp(1, scores.numel() - 1)  # (n,)
+    nearest = torch.minimum((scores[where] - args).abs(), (scores[where - 1] - args).abs())
+    # float32 scores are within a few ulp of the float64 ones; a random value of these cases lands that
+    # near one of a few thousand scores about 1 time in 50
+    return bool((nearest <= 2e-6 * (1 + args.abs())).float().mean() >= 0.9)

@@ -34,6 +34,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from .. import paged
 from .common import CheckFailure, calls_to, checker, is_course_lib, one_thread, time_limit
 from .common import SdpaWatch
+from .lesson13_named_g import merge_call_said, paged_more_said
 from .lesson13_scale_mistakes import later_max_said
 from .lesson13_named import paged_nan_named, paged_named, paged_raise_named
 
@@ -366,7 +367,8 @@ def _check_paged_attention(fn: Callable[..., Any]) -> None:
             raise CheckFailure(f"Return a tensor (num_heads, head_dim) ({case}), got {type(got).__name__}.")
         if tuple(got.shape) != (heads, d):
             raise CheckFailure(f"Wrong shape ({case}): {tuple(got.shape)}, expected {(heads, d)}, "
-                               "(num_heads, head_dim): one output row per query head.")
+                               "(num_heads, head_dim): one output row per query head"
+                               f"{merge_call_said(fn, _inputs(n))}.")
         runs.append((n, got.detach(), _attend(q, k_blocks, v_blocks, table, length)))
         pages.append((n, watch.largest, watch.largest_shape))
     if any(_max_diff(g, e) > 1e-9 for _, g, e in runs):
@@ -405,6 +407,8 @@ def _diagnose(runs: list[tuple[int, torch.Tensor, torch.Tensor]]) -> None:
     n, got, expected = fails[0]
     case, bs, kv, heads, d, length, _, table = _CASES[n]
     inputs = _inputs(n)
+    if more := paged_more_said([(_inputs(k), g) for k, g, _ in fails]):
+        raise CheckFailure(f"Likely mistake ({case}): {more[1]}.", mistake=more[0])
     if named := paged_named(*inputs, got, 1e-9 if got.dtype == torch.float64 else 1e-4):
         knob, observed, fix = named
         raise CheckFailure(f"Likely mistake ({case}): {observed}. Then: {fix}.", mistake=knob)
@@ -463,10 +467,10 @@ def _diagnose(runs: list[tuple[int, torch.Tensor, torch.Tensor]]) -> None:
         f"sequence's positions 0 .. length - 1, in query heads {rows}{late}. None of the usual mistakes "
         f"explains it. This case: num_heads {heads}, num_kv_heads {kv}, head_dim {d}, block_size {bs}, "
         f"block_table {table}, length {length}: {blocks} blocks, the last holding "
-        f"{length - (blocks - 1) * bs} of {bs} slots. {passing} To compare block by block, rebuild it: "
-        "from course_lib.checks.lesson13_paged import paged_case; q, k_blocks, v_blocks, block_table, "
-        f"length = paged_case({n + 1}); each block's (m, ell, o) should be the max, the sum of "
-        "exp(s - m) and exp(s - m) @ v over its filled slots, s = k @ q / sqrt(head_dim).")
+        f"{length - (blocks - 1) * bs} of {bs} slots. {passing} To compare block by block, print, for "
+        "one query head, each block's physical number, its filled slots and its (m, ell, o): the max, "
+        "the sum of exp(s - m) and exp(s - m) @ v over its filled slots, s = k @ q / sqrt(head_dim); "
+        "then the merged (m, ell, o) after each block.")
 
 
 def _explains(knob: str, n: int, got: torch.Tensor, tol: float) -> bool:

@@ -43,8 +43,10 @@ from .lesson13_locate import locate_failure, locate_observed
 from .lesson13_named import (FIX_INVERTED_SAID, M_ZERO_SAID, NAMED_LOCATE, boundary_failure,
                               fix_inverted_zeroed, forward_named, inverted_said, m_zero_observed,
                               named_merges)
-from .lesson13_named_f import (LOW_FIX_CASE, fix_named_more, forward_named_more, forward_shapes_swapped,
-                               low_fix_inputs, low_said, merge_named_more)
+from .lesson13_named_f import (LOW_FIX_CASE, RAW_EXP_SLACK, fix_named_more, forward_named_more,
+                               forward_shapes_swapped, largest_finite, low_fix_inputs, low_said,
+                               merge_named_more, positive_finite, are_raw_scores, raw_exp_said)
+from .lesson13_named_g import fix_sum_axis_failure, score_kib_or_1024
 from .lesson13_scale_mistakes import (FIX_MISTAKES, FLOAT32_MISTAKE, FORWARD_MISTAKES, LOCATE_MISTAKES,
                                       SCORE_MISCOUNTS, PARTIAL_TILE, broadcast_hint, fix_reason,
                                       float32_gap, float32_said, kept_raise, merge_variants, one_head_loop,
@@ -132,10 +134,16 @@ class _Watch(TorchDispatchMode):
         self.largest, self.largest_shape, self.exp_elements, self.fused = 0, (), 0, ""
         self.zero_exps: list[tuple[tuple[int, ...], int]] = []  # (shape, numel) of all-zero exp outputs
         self.one_exps: list[int] = []  # numel of the exp outputs that are all exactly 1
+        self.exp_arg_max = -math.inf  # the largest finite argument any exp received
+        self.exp_positive: list[torch.Tensor] = []  # positive arguments exp received (a sample)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         out = func(*args, **(kwargs or {}))
         name = func.__name__.split(".")[0] if hasattr(func, "__name__") else str(func)
+        if name in ("exp", "exp_", "exp2") and args:
+            self.exp_arg_max = max(self.exp_arg_max, largest_finite(args[0]))
+            if len(self.exp_positive) < 64 and (positive := positive_finite(args[0])).numel():
+                self.exp_positive.append(positive)
         if "scaled_dot_product" in name or "flex_attention" in name or "flash_attention" in name:
             self.fused = name
         for t in out if isinstance(out, (tuple, list)) else (out,):
@@ -186,6 +194,8 @@ def _check_score_bytes(fn: Callable[[], Any]) -> None:
     units = ((2**30, "GiB"), (1e9, "GB"), (2**20, "MiB"), (1e6, "MB"), (2**10, "KiB"), (1e3, "kB"))
     for unit, name in units:
         if abs(got - right / unit) <= 0.01 * right / unit:
+            if unit == 2**10:  # also 12 x 1,024 x 1,024 x 4: a sequence of 1,024 tokens
+                raise CheckFailure(*score_kib_or_1024(got, right))
             raise CheckFailure(f"Observed: {got:,g}, which is the answer in {name} ({right:,} bytes / "
                                f"{unit:,g}): return plain bytes.", mistake=f"answer in {name}")
     for unit, name in units:
@@ -305,7 +315,7 @@ def _check_merge_states(fn: Callable[..., Any]) -> None:
                 isinstance(t, torch.Tensor) for t in got):
             raise CheckFailure(f"Return three tensors (m, ell, o), got {type(got).__name__} ({case}).")
         m, ell, o = (_f64(t) for t in got)
-        if named := merge_named_more(case, inputs, (m, ell, o)):
+        if named := merge_named_more(case, inputs, (m, ell, o), fn):
             raise CheckFailure(named[0] + ".", mistake=named[1])
         expected = flash.merge_softmax_states(*inputs)
         for name, t, e in (("m", m, expected[0]), ("ell", ell, expected[1]), ("o", o, expected[2])):
@@ -443,7 +453,10 @@ def _check_flash_fix(fn: Callable[..., Any]) -> None:
         q, k, v = _fix_inputs(n)
         watch, fused = _Watch(), SdpaWatch()
         with calls_to(refused) as seen, fused, watch:
-            got = _call(fn, q, k, v, block_k=block_k, case=case, rows=(L_q, d_v, "o"))
+            try:
+                got = _call(fn, q, k, v, block_k=block_k, case=case, rows=(L_q, d_v, "o"))
+            except CheckFailure as failure:
+                raise fix_sum_axis_failure(failure, L_q, L_k, block_k, case) from failure.__cause__
         if seen or watch.fused or fused.called:
             raise CheckFailure("Your function calls a ready-made attention (course_lib's or PyTorch's "
                                "scaled_dot_product_attention): repair the loop itself.")
@@ -666,6 +679,8 @@ def _check_flash_forward(fn: Callable[..., Any]) -> None:
                     "comes after its last query is entirely in the future: skip it.")
             if causal:
                 _check_causal_tiles(watch, case, B * h, L_q, L_k, bq, bk)
+            if watch.exp_arg_max > RAW_EXP_SLACK and are_raw_scores(torch.cat(watch.exp_positive), qd, kd):
+                raise CheckFailure(raw_exp_said(case, watch.exp_arg_max), mistake="exp of raw scores")
             continue
         for knob, tiled, reason in FORWARD_MISTAKES:
             wrong = (tiled_forward_variant(qd, kd, vd, causal, bq, bk, knob) if tiled

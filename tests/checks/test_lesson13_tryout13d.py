@@ -293,4 +293,4 @@ def test_an_unknown_paged_mistake_still_gets_its_case():
             m = m_new
         return o / ell[:, None]
 
-    _fails(check_paged_attention, my_paged_attention, "Not yet", "in query heads", "paged_case(")
+    _fails(check_paged_attention, my_paged_attention, "Not yet", "in query heads", "print, for one query head")

@@ -194,6 +194,12 @@ class CheckFailure(AssertionError):
         caller = sys._getframe(1)
         self.site = f"{caller.f_code.co_filename.rsplit('/', 1)[-1]}:{caller.f_code.co_name}:{caller.f_lineno}"
 
+    def _render_traceback_(self) -> list[str]:
+        """What Jupyter shows for it: the message alone. IPython's traceback would list the checker's
+        frames and source lines, which hold the names of the mistakes it tells apart (answers, for a
+        learner who has not found them yet)."""
+        return [f"{type(self).__name__}: {self}"]
+
 
 @dataclass
 class Mistake:

@@ -129,6 +129,7 @@ benchmark: setup
 	$(PY) benchmarks/flash.py
 	$(PY) benchmarks/ddp.py
 	$(PY) benchmarks/lora.py
+	$(PY) benchmarks/dpo.py
 
 # Grade a class: every notebook (or file) in SUBMISSIONS, each in its own limited kernel; writes
 # $(OUT)/grades.csv, grades_NN.csv, report.html and feedback/ (docs/instructors.md).
@@ -188,6 +189,13 @@ precision-runs: setup
 .PHONY: finetuning
 finetuning: setup
 	$(PY) scripts/finetuning.py
+
+# Lesson 16's study (scripts/instruct.py): SFT (the loss on the answer, and on everything), preference
+# pairs judged by a program, DPO at 3 betas, seeds 0-2, per float path in course_lib/results/instruct.json
+# (about 13 min with 3 workers).
+.PHONY: instruct
+instruct: setup
+	$(PY) scripts/instruct.py --workers 3
 
 # Lesson 12's trained attention-only model with induction heads (course_lib/results/induction.pt).
 # A few minutes on 1 thread; the lesson loads it and trains only the first steps live.

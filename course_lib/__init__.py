@@ -57,6 +57,7 @@ Studies of one lesson, ``studies/`` (runs stored in ``results/``, loaded by the 
     11     studies.ablation         what each change of the Llama-style block buys
     11     studies.extrapolation    length generalisation of the position schemes
     15     studies.finetuning       fine-tuning on the poems: full, head, last block, BitFit, LoRA's ranks
+    16     studies.instruct         SFT and DPO on instructions about the plays, judged by a program
     06-11  studies.stored           runs stored per float path
 
 Exercises, by lesson (NN is the lesson's number):

@@ -10,5 +10,6 @@ Each trains many short runs (seeds, settings) that a lesson loads instead of tra
 - ``ablation``: what each change of the Llama-style block buys (lesson 11)
 - ``extrapolation``: length generalisation of learned, sinusoidal, RoPE and ALiBi positions (lesson 11)
 - ``finetuning``: lesson 09's GPT fine-tuned on the poems by every mode and LoRA rank (lesson 15)
+- ``instruct``: SFT with a chat template, preference pairs a program judges, DPO at three betas (lesson 16)
 - ``stored``: saving and loading runs per float path
 """

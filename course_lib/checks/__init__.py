@@ -26,12 +26,16 @@ One module per lesson and concept, ``lessonNN_<concept>.py`` (its docstring list
   circuit)
 * 13 ``lesson13_scale`` (its usual mistakes as code in ``lesson13_scale_mistakes``), ``lesson13_flash_backward``
   (the backward tile, the IO bytes), ``lesson13_paged`` (the paged cache read page by page),
-  ``lesson13_locate`` (check_locate's reading of each number)
+  ``lesson13_locate`` (check_locate's reading of each number), ``lesson13_named`` (the mistakes of tryout
+  13e as code, and how each is told apart), ``lesson13_named_f`` and ``lesson13_named_g`` (those of
+  tryouts 13f and 13g)
 * 14 ``lesson14_distributed`` (accumulation, averaging, the seeds Debug, Megatron's MLP; what their likely
   mistakes give in ``lesson14_mistakes``; ZeRO-1's bytes and Megatron's MLP in
   ``lesson14_megatron_mistakes``), ``lesson14_ddp``
   (the DDP container), ``lesson14_zero`` (the sharded optimizer, ZeRO's bytes), ``lesson14_autograd``
   (Megatron's f and g)
+* 15 ``lesson15_lora`` (the LoRA layer, ★★★; what the others share), ``lesson15_adapters`` (LoRA's
+  count, wrapping a model's targets, the merge Debug, the bytes of adapters against copies)
 
 ``common`` is what they share: the ``checker`` decorator, ``compare`` and its named mistakes, and the
 one guard against handing in course_lib's own code (``is_course_lib``, ``course_lib_used``).
@@ -77,3 +81,5 @@ from .lesson14_distributed import *  # noqa: F403
 from .lesson14_zero import *  # noqa: F403
 from .lesson14_ddp import *  # noqa: F403
 from .lesson14_autograd import *  # noqa: F403
+from .lesson15_lora import *  # noqa: F403
+from .lesson15_adapters import *  # noqa: F403

@@ -55,6 +55,7 @@ SEARCHES = {
     "RoPE": "11_modern_block",
     "WordPiece": "10_tokenization",
     "ZeRO": "14_training_at_scale",
+    "LoRA": "15_finetuning_and_lora",
     "beam search": "07_inference",
     "teacher forcing": "06_training_copy_task",
 }

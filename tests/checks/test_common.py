@@ -234,8 +234,11 @@ def test_a_failed_check_shows_its_message_alone_in_jupyter(capsys):
     from IPython.core.interactiveshell import InteractiveShell
 
     shell = InteractiveShell.instance()
-    result = shell.run_cell("from course_lib.checks import check_score_bytes\n"
-                            "check_score_bytes(lambda: 12)\n")
+    try:
+        result = shell.run_cell("from course_lib.checks import check_score_bytes\n"
+                                "check_score_bytes(lambda: 12)\n")
+    finally:  # a shell left behind turns every later display() of this process into a repr
+        InteractiveShell.clear_instance()
     shown = capsys.readouterr().out
     assert isinstance(result.error_in_exec, CheckFailure)
     assert shown.strip().startswith("CheckFailure: ") and str(result.error_in_exec) in shown

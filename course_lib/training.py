@@ -233,6 +233,15 @@ class ExactMatchTracker:
         first = self.first_perfect()
         return first is not None and all(v == 1.0 for s, v in zip(self.steps, self.scores) if s >= first)
 
+    def settled(self, floor: float = 0.99, last: int = 4) -> bool:
+        """True if it reached 100%, stayed at ``floor`` or above at every later evaluation, and is
+        at 100% at each of the last ``last`` evaluations. The test that holds on every float path:
+        on one, a run may let a few of the 1,000 held-out sequences slip once after its first 100%
+        (copy-task seed 9, AVX2 kernels on an AVX-512 CPU, 2 threads: 100, 99.9, 99.6, then 100%)."""
+        first = self.first_perfect()
+        later = [v for s, v in zip(self.steps, self.scores) if first is not None and s >= first]
+        return bool(later) and min(later) >= floor and all(v == 1.0 for v in self.scores[-last:])
+
 
 def copy_task_config(**changes: object) -> TransformerConfig:
     """``train_copy_task``'s default model: 1+1 pre-LN layers, d_model 64, 4 heads, d_ff 128."""

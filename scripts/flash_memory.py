@@ -229,13 +229,12 @@ def main() -> None:
 def keep_earlier(runs: list[dict]) -> list[dict]:
     """``runs``, plus this float path's stored runs not measured this time (a (version, L) of the
     memory runs, or a kind: the profile, FlexAttention)."""
-    from course_lib.studies.stored import RESULTS_DIR
+    from course_lib.studies.stored import RESULTS_DIR, float_path
 
     path = RESULTS_DIR / "flash_memory.json"
     stored = []
     if path.is_file():
-        capability = torch.backends.cpu.get_cpu_capability().lower()
-        stored = json.loads(path.read_text())["paths"].get(capability, {}).get("runs", [])
+        stored = json.loads(path.read_text())["paths"].get(float_path(), {}).get("runs", [])
 
     def key(run: dict) -> tuple:
         return (run["version"], run["L"]) if "version" in run else (run.get("kind", "profile"),)

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from course_lib.parallel import precision_run
+from course_lib.studies.stored import float_path
 from course_lib.data.shakespeare import ShakespeareCorpus
 
 OUT = Path(__file__).resolve().parent.parent / "course_lib" / "results" / "precision_runs.json"
@@ -30,7 +31,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     corpus = ShakespeareCorpus()
-    path = torch.backends.cpu.get_cpu_capability().lower()
+    path = float_path()
     runs = {}
     for seed in range(args.seeds):
         for name, bf16 in (("float32", False), ("bf16", True)):

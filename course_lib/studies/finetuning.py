@@ -59,7 +59,7 @@ from ..data.shakespeare import VALIDATION_POEMS, ShakespeareCorpus, read_poems
 from ..gpt import GPT, lm_loss
 from ..lm_training import COURSE, evaluate_lm, lm_optimizer, train_lm, warmup_cosine
 from ..lora import add_lora, lora_parameters
-from .stored import RESULTS_DIR
+from .stored import RESULTS_DIR, float_path
 
 __all__ = ["MODES", "LR", "VAL_WINDOWS", "RANKS", "RANK_SCALINGS", "FinetuneRun", "corpora",
            "validation_batches", "train_base", "mode_parameters", "state_bytes", "finetune",
@@ -326,7 +326,7 @@ def save_finetuning_results(study: dict, folder: Path | str = RESULTS_DIR) -> Pa
     results = json.loads(path.read_text()) if path.is_file() else {"version": FORMAT_VERSION, "paths": {}}
     if results.get("version") != FORMAT_VERSION:
         results = {"version": FORMAT_VERSION, "paths": {}}
-    capability = torch.backends.cpu.get_cpu_capability().lower()
+    capability = float_path()
     entry = results["paths"].get(capability, {})
     entry.update({"torch": torch.__version__, "threads": torch.get_num_threads(),
                   "date": datetime.date.today().isoformat(), "lr": LR})

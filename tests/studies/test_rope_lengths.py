@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from course_lib.studies.extrapolation import TRAIN_MAX_LEN, load_rope_lengths, run_rope_lengths
+from course_lib.studies.stored import float_path
 
 pytestmark = pytest.mark.float_path
 
@@ -29,6 +30,6 @@ def test_the_rope_run_of_seed_0_repeats_on_this_float_path(one_thread):
     (run,) = run_rope_lengths(seeds=[0])
     match = run["exact_match"]  # lengths 1..40
     assert min(match[:TRAIN_MAX_LEN]) >= 0.8 and max(match[TRAIN_MAX_LEN + 2:]) <= 0.02, match
-    stored = load_rope_lengths()["paths"].get(torch.backends.cpu.get_cpu_capability().lower())
+    stored = load_rope_lengths()["paths"].get(float_path())
     if stored is not None and stored["torch"] == torch.__version__:
         assert run == stored["runs"][0], "the stored run no longer repeats: run `make length-rope`"

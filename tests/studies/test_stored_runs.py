@@ -9,11 +9,11 @@ import math
 import pytest
 import torch
 
-from course_lib.studies.stored import load_runs, save_runs
+from course_lib.studies.stored import float_path, load_runs, save_runs
 from course_lib.data.shakespeare import ShakespeareCorpus, read_plays
 from course_lib.studies.tokens_vs_chars import (CHAR_STEPS, equal_compute_steps, load_tokens_vs_chars, multiply_adds_per_token, run_tokens_vs_chars)
 
-HERE = torch.backends.cpu.get_cpu_capability().lower()
+HERE = float_path()
 
 
 def test_saving_keeps_the_other_paths_and_one_run_per_line(tmp_path):
@@ -71,3 +71,31 @@ def test_the_runner_on_a_tiny_budget():
     assert 3.5 < run["bpe"] < math.log2(1000) / 2.3 + 0.5, run
     with pytest.raises(ValueError, match="at least one seed"):
         run_tokens_vs_chars(seeds=())
+
+
+@pytest.mark.parametrize("machine, kernels, best, name", [
+    ("x86_64", "AVX512", "avx512", "avx512"), ("x86_64", "AVX2", "avx2", "avx2"),
+    ("x86_64", "DEFAULT", "avx2", "default"), ("x86_64", "AVX2", "avx512", "avx2-on-avx512"),
+    ("x86_64", "DEFAULT", "avx512", "default-on-avx512"), ("x86_64", "DEFAULT", "default", "default-on-default"),
+    ("AMD64", "AVX2", "avx2", "avx2"), ("arm64", "DEFAULT", "default", "default-arm64"),
+    ("aarch64", "SVE256", "sve256", "sve256-aarch64"),
+])
+def test_a_float_path_names_the_kernels_and_the_cpu_under_them(monkeypatch, machine, kernels, best, name):
+    import course_lib.studies.stored as stored
+
+    monkeypatch.setattr(stored.platform, "machine", lambda: machine)
+    monkeypatch.setattr(stored.torch.backends.cpu, "get_cpu_capability", lambda: kernels)
+    monkeypatch.setattr(stored, "cpu_best_kernels", lambda: best)
+    assert stored.float_path() == name
+
+
+def test_the_cpu_s_best_kernels_are_asked_of_a_fresh_interpreter_when_forced(monkeypatch):
+    import course_lib.studies.stored as stored
+
+    stored.cpu_best_kernels.cache_clear()
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")
+    try:
+        best = stored.cpu_best_kernels()
+    finally:
+        stored.cpu_best_kernels.cache_clear()
+    assert best in ("default", "avx2", "avx512") and torch.backends.cpu.get_cpu_capability() != ""

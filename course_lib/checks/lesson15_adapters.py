@@ -8,8 +8,9 @@
   the adapters' A and B trainable; tried on GPTs of 2 and 3 blocks (tied and untied head, with and
   without attention biases) and a Llama-style one (SwiGLU: ``gate`` and ``up`` are not targets).
 * ``check_merge_fix(fn)`` (Debug): ``fn(W (d_out, d_in), A (r, d_in), B (d_out, r), scaling) -> the
-  merged weight (d_out, d_in)``; its first message says what a layer merged with it computes, never
-  the fix.
+  merged weight (d_out, d_in)``; its first message says what a layer merged with it computes, on
+  which layers (square and not) it differs and what its merged weight is beside W and the update
+  (unchanged, the update alone, k times it, its sign flipped, rows and columns swapped), never the fix.
 * ``check_adapter_bytes(fn)`` (Predict): ``fn() -> (bytes of 10 fine-tuned copies, bytes of one base and
   10 adapters at r = 4)``, float32.
 """
@@ -42,6 +43,17 @@ def _base_count() -> int:
     model = GPT(GPTConfig(vocab_size=b["vocab_size"], max_len=b["max_len"], d_model=b["d_model"],
                           num_heads=4, num_layers=b["num_layers"]))
     return sum(p.numel() for p in model.parameters())  # the tied head once
+
+
+def _norm_count() -> int:
+    """Parameters of the lesson's base's LayerNorms (two a block and the final one)."""
+    from ..gpt import GPT, GPTConfig
+
+    b = LESSON_BASE
+    model = GPT(GPTConfig(vocab_size=b["vocab_size"], max_len=b["max_len"], d_model=b["d_model"],
+                          num_heads=4, num_layers=b["num_layers"]))
+    return sum(p.numel() for m in model.modules() if isinstance(m, nn.LayerNorm)
+               for p in m.parameters())
 
 
 def _target_shapes() -> list[tuple[str, int, int]]:
@@ -91,7 +103,7 @@ def check_lora_params(fn: Callable[[], Any]) -> None:
     """Check ``fn() -> int``: LoRA's trainable parameters at r = 8 on the lesson's base."""
     got = _as_int(_predicted(fn, _lora_refused()), "your count")
     r, right = 8, lora_params_answer(8)
-    shapes = _target_shapes()
+    shapes, norms = _target_shapes(), _norm_count()
     if got == right:
         print(f"check_lora_params: right, {right:,} = r · (d_in + d_out) summed over the six targets "
               f"of the one block (q, k, v, out_proj: 8 · 256 each; linear1, linear2: 8 · 640 each).")
@@ -117,8 +129,18 @@ def check_lora_params(fn: Callable[[], Any]) -> None:
         (len(shapes) * r * r, "r · r per target: A is (r, d_in) and B is (d_out, r)"),
         (len(shapes) * 2 * r * LESSON_BASE["d_model"], "every target counted as 128 -> 128: linear1 "
          "is 128 -> 512 and linear2 512 -> 128"),
-        (4 * right, "that counts 4 blocks (GPTConfig's default); the lesson's base, the course recipe, "
-         "has 1"),
+        (right // r, "r is missing: each target trains r · (d_in + d_out) numbers, not d_in + d_out"),
+        (right + norms, f"the norms are counted too (the 3 LayerNorms' weights and biases, "
+         f"{norms:,} numbers): with LoRA they are frozen; only the adapters' A and B train"),
+        (right + norms // 2, f"the norms' weights are counted too ({norms // 2:,} "
+         "numbers): with LoRA the norms are frozen; only the adapters' A and B train"),
+        (2 * right, "that is twice the count: 2 blocks (the lesson's base, the course recipe, has 1), or "
+         "bytes at 2 a number (the question asks for parameters, not bytes)"),
+        (4 * right, "that is 4 times the count: 4 blocks (GPTConfig's default; the lesson's base, the "
+         "course recipe, has 1), or float32 bytes at 4 a number (the question asks for parameters, not "
+         "bytes)"),
+        *[(k * right, f"that counts {k} blocks; the lesson's base, the course recipe, has 1")
+          for k in (3, 6, 8, 12)],
         (lora_params_answer(4), "that is the count at r = 4 (the lesson's other runs); the question "
          "asks for r = 8"),
     ]
@@ -132,6 +154,24 @@ def check_lora_params(fn: Callable[[], Any]) -> None:
     raise CheckFailure(f"Not quite: {direction}. LoRA trains, for each target nn.Linear (d_in -> "
                        "d_out), A (r, d_in) and B (d_out, r); list the six targets of the one block "
                        "with their d_in and d_out (d_model 128, d_ff 512).")
+
+
+_UNITS = (("MiB (2^20 bytes)", 2 ** 20), ("MB (10^6 bytes)", 10 ** 6), ("KiB (1,024 bytes)", 1024),
+          ("kB (1,000 bytes)", 1000), ("GiB (2^30 bytes)", 2 ** 30), ("GB (10^9 bytes)", 10 ** 9))
+
+
+def _name_unit(raw: Any, right: tuple[int, int]) -> None:
+    """CheckFailure naming the unit if either number is the right one in MiB, MB, KiB, kB, GiB or GB
+    (within 3%, as a rounded answer is)."""
+    for value, exact, what in zip(raw, right, ("the copies", "the base with adapters")):
+        value = value.item() if isinstance(value, torch.Tensor) and value.numel() == 1 else value
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            continue
+        error, unit = min((abs(value - exact / size) / (exact / size), unit) for unit, size in _UNITS)
+        if value != exact and error <= 0.03:
+            raise CheckFailure(f"Not quite: {what}: {value:g} is the size in {unit}; the question "
+                               "asks for bytes, a whole number (float32: 4 bytes a number).",
+                               mistake=f"answer in {unit.split()[0]}")
 
 
 def adapter_bytes_answer() -> tuple[int, int]:
@@ -148,9 +188,11 @@ def check_adapter_bytes(fn: Callable[[], Any]) -> None:
     if not isinstance(raw, (tuple, list)) or len(raw) != 2:
         raise CheckFailure("Return two numbers, (bytes of the 10 copies, bytes of the base with 10 "
                            f"adapters), got {type(raw).__name__}: {raw!r}.")
-    got = (_as_int(raw[0], "the copies' bytes"), _as_int(raw[1], "the adapters' bytes"))
     right = adapter_bytes_answer()
+    _name_unit(raw, right)
+    got = (_as_int(raw[0], "the copies' bytes"), _as_int(raw[1], "the adapters' bytes"))
     base, adapter, tasks = _base_count(), lora_params_answer(4), 10
+    shapes, r4 = _target_shapes(), 4
     if got == right:
         print(f"check_adapter_bytes: right, {right[0]:,} bytes for 10 copies against {right[1]:,} for "
               f"one base and 10 adapters ({right[0] / right[1]:.1f}x less).")
@@ -175,6 +217,15 @@ def check_adapter_bytes(fn: Callable[[], Any]) -> None:
         (base + tasks * lora_params_answer(8)) * 4: "that is r = 8's adapter (the first exercise's); "
                                                     "here r = 4",
         (base + tasks * adapter) * 2: "2 bytes a number is bfloat16; these are float32 (4 bytes)",
+        (base + tasks * r4 * sum(i for _, i, _ in shapes)) * 4:
+            "each adapter is counted as A alone (r · d_in a target) or B alone (d_out · r): an adapter "
+            "stores both, r · (d_in + d_out) a target",
+        (base + tasks * sum(i * o for _, i, o in shapes)) * 4:
+            "each adapter is counted as a full update ΔW (d_out · d_in a target): an adapter stores "
+            "A (r, d_in) and B (d_out, r), r · (d_in + d_out) a target",
+        (base + tasks * (adapter + sum(o for _, _, o in shapes))) * 4:
+            "each adapter is counted with the targets' biases: the biases are the base's, frozen and "
+            "stored once with it; an adapter is its A and B",
     }
     parts = []
     if got[0] != right[0]:
@@ -282,6 +333,14 @@ def check_add_lora(fn: Callable[..., Any]) -> None:
             raise CheckFailure("Your function returns None: return the model (wrapped in place).")
         if not isinstance(out, nn.Module):
             raise CheckFailure(f"Your function returns a {type(out).__name__}: return the model.")
+        if out is not model:
+            changed = sum(isinstance(m, LoRA) for m in model.modules())
+            raise CheckFailure(
+                f"The model your function returns is not the model passed in ({case}): the one passed "
+                f"in has {changed} of its {len(expected)} targets wrapped, the one returned "
+                f"{sum(isinstance(m, LoRA) for m in out.modules())}. The exercise changes the given "
+                "model in place and returns it (a copy would keep a second set of base weights).",
+                mistake="a copy of the model wrapped")
         if any(is_peft(m) for m in out.modules()):
             raise CheckFailure("Your model holds PEFT's LoRA layers: wrap the targets with the "
                                "lora_class you are given.")
@@ -319,6 +378,15 @@ def check_add_lora(fn: Callable[..., Any]) -> None:
                 mistake="A and B frozen")
         trainable = [name for name, p in out.named_parameters() if p.requires_grad
                      and id(p) not in adapters]
+        if trainable and all(name.endswith("bias") for name in trainable):
+            where = sorted({"the norms" if "norm" in name else "the wrapped layers (their base b)"
+                            if ".base_layer." in name else "other layers" for name in trainable})
+            raise CheckFailure(
+                f"Likely mistake ({case}): the biases still train ({len(trainable)} tensors: those of "
+                f"{' and '.join(where)}, e.g. {trainable[0]}): the weights "
+                "are frozen, the biases not. With LoRA only the adapters' A and B train: set "
+                "requires_grad_(False) on every other parameter, biases included.",
+                mistake="biases trainable")
         if trainable:
             what = sorted({_frozen_name(name) for name in trainable})
             mistake = ("head or embeddings left trainable" if any("embed" in w or "head" in w for w in what)
@@ -350,13 +418,63 @@ _MERGE_CASES = [
 ]
 
 
+def _observe_merge(got: torch.Tensor, W64: torch.Tensor, A64: torch.Tensor, B64: torch.Tensor,
+                   s: float) -> tuple[str, str | None]:
+    """What a merged weight ``got`` (d_out, d_in) is, in words that say what is seen, never the fix;
+    and the mistake's name for the grader (None if nothing known is seen)."""
+    g = got.double()
+    update = B64 @ A64 * s  # (d_out, d_in): what the LoRA path adds, as a matrix
+    change = g - W64
+    square = W64.shape[0] == W64.shape[1]
+    near = lambda a, b: close_scaled(a, b, 1e-5)  # noqa: E731
+
+    def same_numbers(a: torch.Tensor, b: torch.Tensor) -> bool:
+        return near(a.flatten().sort().values, b.flatten().sort().values)
+
+    if square and near(g, W64 + update.T):
+        return " It returns what merge_weight_ported returns.", "same as merge_weight_ported"
+    if near(change, torch.zeros_like(change)):
+        return (" Your merged weight equals W: the merge changes nothing, so what the LoRA path adds "
+                "is lost.", "W returned unchanged")
+    if near(g, update):
+        return (" Your merged weight equals what the LoRA path adds, scaling · B A, alone: the layer's "
+                "own W x is missing from the merged layer's output.", "only B A returned, without W")
+    c = float((change * update).sum() / (update * update).sum())
+    if near(change, c * update):
+        if abs(c + 1) < 1e-3:
+            return (" The change your merge makes to W is what the LoRA path adds with the opposite "
+                    "sign.", "W - B A")
+        name = ("the scaling not applied" if abs(c - 1 / s) < 1e-3 else "the scaling applied twice"
+                if abs(c - s) < 1e-3 else f"the change scaled by {c:.3g}")
+        return (f" The change your merge makes to W is {c:.3g}x what the LoRA path adds (scaling · B A, "
+                f"with scaling = {s:g}).", name)
+    if square and near(g - update, W64.T):
+        return (" Your merged weight minus what the LoRA path adds is not W: it is W with its rows and "
+                "columns swapped (W[i, j] sits at [j, i]).", "W transposed")
+    if square and near(g, (W64 + update).T):
+        return (" Your merged weight holds the numbers of W + scaling · B A with its rows and columns "
+                "swapped ([i, j] holds [j, i]).", "the merged weight transposed")
+    if same_numbers(change, update):
+        return (" The change your merge makes to W holds the numbers the LoRA path adds, at other "
+                "places in the matrix.", "the update's numbers moved")
+    return "", None
+
+
+def _short(case: str) -> str:
+    """The layer of a merge case, e.g. 'W (48, 32)'."""
+    return case[case.index("W ("):case.index(")") + 1]
+
+
 @checker
 @no_raw_errors
 def check_merge_fix(fn: Callable[..., Any]) -> None:
     """Check ``fn(W, A, B, scaling) -> merged W``: a layer merged with it computes what the unmerged
-    layer computes. The first message says what is observed, never the fix."""
+    layer computes, on every layer. The first message says what is observed (on which layers, and what
+    the merged weight is), never the fix."""
     if is_course_lib(fn) or is_peft(fn):
         raise CheckFailure("You handed in a library's function: fix the ported one.")
+    # (layer, what is seen, the same in short for a later layer, mistake); "" when right
+    outcomes: list[tuple[str, str, str, str | None]] = []
     for n, (case, d_out, d_in, r, s, dtype) in enumerate(_MERGE_CASES):
         gen = torch.Generator().manual_seed(300 + n)
         W = (torch.randn(d_out, d_in, generator=gen, dtype=torch.float64) * 0.3).to(dtype)
@@ -365,37 +483,51 @@ def check_merge_fix(fn: Callable[..., Any]) -> None:
         x = torch.randn(5, d_in, generator=gen, dtype=torch.float64)
         W64, A64, B64 = W.double(), A.double(), B.double()
         unmerged = x @ W64.T + (x @ A64.T) @ B64.T * s  # (5, d_out): the layer before merging
-        with time_limit(LIMIT_SECONDS, f"Your function ran for more than {LIMIT_SECONDS} s ({case})."):
-            got = run_learner(fn, W.clone(), A.clone(), B.clone(), s, case=case,
-                              hint=f"It was given W {tuple(W.shape)}, A {tuple(A.shape)}, "
-                                   f"B {tuple(B.shape)}, scaling {s}.")
+        too_long = f"Your function ran for more than {LIMIT_SECONDS} s ({case})."
+        try:
+            with time_limit(LIMIT_SECONDS, too_long):
+                got = run_learner(fn, W.clone(), A.clone(), B.clone(), s, case=case,
+                                  hint=f"It was given W {tuple(W.shape)}, A {tuple(A.shape)}, "
+                                       f"B {tuple(B.shape)}, scaling {s}.")
+        except CheckFailure as err:
+            if str(err) == too_long:
+                raise
+            cause = err.__cause__
+            short = (f"your function raised {type(cause).__name__}: {cause}" if cause is not None
+                     else str(err))
+            outcomes.append((case, str(err), short, err.mistake or "raised"))
+            continue
         got = plain(got, "your merged weight")
         if not isinstance(got, torch.Tensor):
             raise CheckFailure(f"Your function returns a {type(got).__name__} ({case}), not a tensor.")
         if tuple(got.shape) != (d_out, d_in):
-            raise CheckFailure(f"Your merged weight has shape {tuple(got.shape)} for W "
-                               f"{(d_out, d_in)} ({case}): a layer cannot use it in W's place.")
-        expected = W64 + B64 @ A64 * s
-        if close_scaled(got, expected, 1e-5 if dtype == torch.float32 else 1e-10):
+            outcomes.append((case, f"Your merged weight has shape {tuple(got.shape)} for W "
+                                   f"{(d_out, d_in)} ({case}): a layer cannot use it in W's place.",
+                             f"your merged weight has shape {tuple(got.shape)}", "wrong shape"))
+            continue
+        if not got.is_floating_point() or not torch.isfinite(got).all():
+            seen = f"your merged weight holds {got.dtype} values, or NaN or inf"
+            outcomes.append((case, f"{seen[0].upper()}{seen[1:]} ({case}).", seen, "not finite"))
+            continue
+        if close_scaled(got, W64 + B64 @ A64 * s, 1e-5 if dtype == torch.float32 else 1e-10):
+            outcomes.append((case, "", "", None))
             continue
         merged = x @ got.double().T  # (5, d_out): the layer with your weight, no LoRA path
         difference = float((merged - unmerged).abs().max())
         scale = float(unmerged.abs().max())
-        observed = [
-            ("same as merge_weight_ported", W64 + (B64 @ A64).T * s if d_in == d_out else None),
-            ("the scaling not applied", W64 + B64 @ A64),
-            ("the scaling applied twice", W64 + B64 @ A64 * s * s),
-            ("W returned unchanged", W64),
-            ("only B A returned, without W", B64 @ A64 * s),
-            ("W - B A", W64 - B64 @ A64 * s),
-        ]
-        name = next((m for m, value in observed if value is not None and close_scaled(got, value, 1e-5)),
-                    None)
-        seen = (" It returns what merge_weight_ported returns." if name == "same as merge_weight_ported"
-                else "")
-        raise CheckFailure(
-            f"A layer merged with your function computes other outputs than the same layer unmerged "
-            f"({case}): on 5 random inputs they differ by up to {difference:.3g}, with outputs of size "
-            f"up to {scale:.3g}.{seen}", mistake=name)
+        seen, name = _observe_merge(got, W64, A64, B64, s)
+        outcomes.append((case, f"A layer merged with your function computes other outputs than the "
+                               f"same layer unmerged ({case}): on 5 random inputs they differ by up to "
+                               f"{difference:.3g}, with outputs of size up to {scale:.3g}.{seen}",
+                         f"the outputs differ by up to {difference:.3g} (scaling {s:g}).{seen}",
+                         name or "differs"))
+    wrong = [(case, seen, short, name) for case, seen, short, name in outcomes if seen]
+    if wrong:
+        right = [_short(case) for case, seen, _, _ in outcomes if not seen]
+        others = [f"on {_short(case)}, {short.rstrip('.')}." for case, _, short, _ in wrong[1:]]
+        tail = (f" On {' and '.join(right)} a layer merged with it computes what the unmerged one "
+                "computes." if right else "")
+        more = (" And " + " And ".join(others) if others else "")
+        raise CheckFailure(wrong[0][1] + tail + more, mistake=wrong[0][3])
     print(f"check_merge_fix: right on all {len(_MERGE_CASES)} layers (square and not, float32 and "
           "float64): a merged layer computes what the unmerged one computes. Well done!")

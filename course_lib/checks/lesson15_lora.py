@@ -6,8 +6,10 @@
   ``a = √5``: every number within ``±1/√d_in``) and ``lora_B (d_out, r)`` zero;
   ``forward(x (..., d_in)) = W x + b + (alpha / r) B A x``; ``merge()`` adds ``(alpha / r) B A`` to
   ``W`` in place and keeps the output, ``unmerge()`` takes it out again; merging a merged layer (or
-  unmerging an unmerged one) changes nothing, or raises. ``lora_A`` and ``lora_B`` may be parameters
-  or PEFT-style ``nn.Linear`` modules (their ``weight`` then has the shape above).
+  unmerging an unmerged one) changes nothing, or raises; through all of it ``base.weight`` stays the
+  same frozen Parameter (a new Parameter, or a copy of ``base`` wrapped, is named). ``lora_A`` and
+  ``lora_B`` may be parameters or PEFT-style ``nn.Linear`` modules (their ``weight`` then has the
+  shape above).
 
 The test: several shapes (d_in != d_out, and square, where a transposed ``B A`` fits), ranks 1 to 8,
 ``alpha / r`` of 0.5, 1.5, 2 and 5, inputs of 1 to 3 leading dims, with and without a bias, float32 and
@@ -165,6 +167,41 @@ def _init_message(A: torch.Tensor, d_in: int, case: str) -> str | None:
             "nn.init.kaiming_uniform_(A, a=math.sqrt(5)).")
 
 
+def _expect_base_itself(layer: nn.Module, base: nn.Linear, W0: torch.Tensor, case: str) -> None:
+    """CheckFailure if ``layer`` holds a copy of ``base``'s weight and not ``base.weight`` itself."""
+    held = list(layer.named_parameters()) + list(layer.named_buffers())
+    if any(t is base.weight for _, t in held):
+        return
+    copies = [name for name, t in held if isinstance(t, torch.Tensor) and tuple(t.shape) == tuple(W0.shape)
+              and t.is_floating_point() and torch.equal(t.detach().to(torch.float64), W0)]
+    if copies:
+        state = "still requires grad" if base.weight.requires_grad else "is frozen"
+        raise CheckFailure(
+            f"The nn.Linear your layer wraps is not the one passed in ({case}): your layer holds "
+            f"{copies[0]}, a tensor with the numbers of base.weight but another tensor (a copy), while "
+            f"the weight of the base passed in {state}. Keep base itself (self.base_layer = base): "
+            "freezing must freeze it, and merge() must change its weight.", mistake="base copied")
+
+
+def _expect_same_weight(base: nn.Linear, weight: nn.Parameter, case: str, when: str) -> None:
+    """CheckFailure if ``base.weight`` is no longer the frozen Parameter ``weight`` after ``when``."""
+    now = getattr(base, "weight", None)
+    if now is not weight:
+        kind = ("a new Parameter" if isinstance(now, nn.Parameter) else
+                f"a new {type(now).__name__}")
+        grad = f" (requires_grad={now.requires_grad})" if isinstance(now, torch.Tensor) else ""
+        raise CheckFailure(
+            f"After {when}, the given layer's weight is {kind}{grad}, not the Parameter it had "
+            f"({case}): merge() and unmerge() change W in place (with torch.no_grad(): W += ...), so "
+            "that W stays "
+            "the one frozen Parameter that the model, its optimizer and any tied layer hold.",
+            mistake="merge replaces W")
+    if now.requires_grad:
+        raise CheckFailure(f"After {when}, the given layer's weight W requires grad ({case}): it "
+                           "stays frozen through merge() and unmerge(); only A and B train.",
+                           mistake="base weight trainable")
+
+
 def _forward_variants(x, W, b, A, B, s, r, alpha) -> list[tuple[str, str, Callable[[], torch.Tensor]]]:
     def out(scale: float, bias_times: int = 1, delta: torch.Tensor | None = None) -> torch.Tensor:
         d = B @ A if delta is None else delta
@@ -227,6 +264,7 @@ def _check_case(cls: Any, n: int, case: str, d_in: int, d_out: int, r: int, alph
                            f"{(d_in, d_out)} ({case}): keep the base's sizes as self.in_features and "
                            "self.out_features, as nn.Linear and PEFT's layers do (the model's "
                            "feed-forward reads them).")
+    _expect_base_itself(layer, base, W0, case)
     A, B = lora_matrix(layer, "lora_A"), lora_matrix(layer, "lora_B")
     for name, t, shape in (("lora_A", A, (r, d_in)), ("lora_B", B, (d_out, r))):
         if tuple(t.shape) != shape:
@@ -239,6 +277,13 @@ def _check_case(cls: Any, n: int, case: str, d_in: int, d_out: int, r: int, alph
         if t.dtype != dtype:
             raise CheckFailure(f"{name} is {t.dtype} but the base layer's weight is {dtype} ({case}): "
                                "create A and B with the weight's dtype (and device).")
+    if B.detach().abs().max() > 0 and A.detach().abs().max() == 0:
+        raise CheckFailure(
+            f"lora_A starts at zero and lora_B does not ({case}: B's largest |number| is "
+            f"{float(B.detach().abs().max()):.3g}): the two starts are swapped. B starts at zero "
+            "(torch.zeros), so that a new adapter leaves the model as it was, and A starts as PEFT "
+            "draws it, nn.init.kaiming_uniform_(A, a=math.sqrt(5)), so that B's gradient is not zero.",
+            mistake="A zero and B random at start")
     if B.detach().abs().max() > 0:
         raise CheckFailure(
             f"lora_B does not start at zero ({case}): its largest |number| is "
@@ -320,6 +365,7 @@ def _check_case(cls: Any, n: int, case: str, d_in: int, d_out: int, r: int, alph
 
 def _check_merge(layer, base, x, x64, W0, b0, A64, B64, r, alpha, case, atol, reference, hint) -> None:
     s = alpha / r
+    weight = base.weight  # the frozen Parameter: merge() and unmerge() change it in place
     delta = (B64 @ A64) * s  # (d_out, d_in)
     unmerged = reference(A64, B64)
     for name in ("merge", "unmerge"):
@@ -327,6 +373,7 @@ def _check_merge(layer, base, x, x64, W0, b0, A64, B64, r, alpha, case, atol, re
             raise CheckFailure(f"Your layer has no method {name}(): merge() adds (alpha / r) B A to "
                                "the frozen W in place, unmerge() takes it out again.")
     _call(layer.merge, case=case + ", merge()", hint="merge() takes no argument.")
+    _expect_same_weight(base, weight, case, "merge()")
     merged_W = W0 + delta
     W_variants = [
         ("merge() did not change the weight of the nn.Linear the layer was given", "merge() writes "
@@ -352,6 +399,7 @@ def _check_merge(layer, base, x, x64, W0, b0, A64, B64, r, alpha, case, atol, re
         _call(layer.merge, case=case + ", merge() a second time", hint="")
     except CheckFailure:  # raising on a second merge is a fine answer
         pass
+    _expect_same_weight(base, weight, case, "a second merge()")
     _name_mistake(base.weight.detach(), merged_W, [
         ("merge() on a merged layer adds B A again",
          "keep whether the layer is merged (self.merged) and do nothing, or raise, when it is.",
@@ -359,6 +407,7 @@ def _check_merge(layer, base, x, x64, W0, b0, A64, B64, r, alpha, case, atol, re
         case + ", W after merge() twice", "The weight after a second merge()", atol,
                   "W + (alpha / r) B A")
     _call(layer.unmerge, case=case + ", unmerge()", hint="unmerge() takes no argument.")
+    _expect_same_weight(base, weight, case, "unmerge()")
     _name_mistake(base.weight.detach(), W0, [
         ("unmerge() did not change W", "unmerge() subtracts (alpha / r) B A from W, in place.",
          lambda: merged_W),
@@ -377,6 +426,7 @@ def _check_merge(layer, base, x, x64, W0, b0, A64, B64, r, alpha, case, atol, re
         _call(layer.unmerge, case=case + ", unmerge() a second time", hint="")
     except CheckFailure:
         pass
+    _expect_same_weight(base, weight, case, "a second unmerge()")
     _name_mistake(base.weight.detach(), W0, [
         ("unmerge() on an unmerged layer subtracts B A again",
          "keep whether the layer is merged and do nothing, or raise, when it is not.",

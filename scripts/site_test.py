@@ -56,6 +56,7 @@ SEARCHES = {
     "WordPiece": "10_tokenization",
     "ZeRO": "14_training_at_scale",
     "LoRA": "15_finetuning_and_lora",
+    "DPO": "16_instructions_and_preferences",
     "beam search": "07_inference",
     "teacher forcing": "06_training_copy_task",
 }

@@ -36,6 +36,8 @@ One module per lesson and concept, ``lessonNN_<concept>.py`` (its docstring list
   (Megatron's f and g)
 * 15 ``lesson15_lora`` (the LoRA layer, ★★★; what the others share), ``lesson15_adapters`` (LoRA's
   count, wrapping a model's targets, the merge Debug, the bytes of adapters against copies)
+* 16 ``lesson16_sft`` (the positions that carry loss, the labels, the sequence log-probability; what the
+  others share), ``lesson16_dpo`` (DPO's loss at step 0, the loss ★★★, the reference that trained, Debug)
 
 ``common`` is what they share: the ``checker`` decorator, ``compare`` and its named mistakes, and the
 one guard against handing in course_lib's own code (``is_course_lib``, ``course_lib_used``).
@@ -83,3 +85,5 @@ from .lesson14_ddp import *  # noqa: F403
 from .lesson14_autograd import *  # noqa: F403
 from .lesson15_lora import *  # noqa: F403
 from .lesson15_adapters import *  # noqa: F403
+from .lesson16_sft import *  # noqa: F403
+from .lesson16_dpo import *  # noqa: F403

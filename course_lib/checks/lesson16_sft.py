@@ -1,0 +1,355 @@
+"""Checkers for lesson 16's supervised fine-tuning exercises: which positions carry loss, the labels,
+and the sequence log-probability DPO needs.
+
+* ``check_label_count(fn)`` (Predict): ``fn() -> int``, how many label positions of one rendered
+  example (``LABEL_INSTRUCTION`` answered with ``LABEL_ANSWER``, the character tokenizer: one id per
+  character) carry loss: the answer's characters and ``<|end|>``. Each usual miscount is named.
+* ``check_sft_labels(fn)`` (Build): ``fn(prompt_ids, answer_ids, end_id) -> (input_ids, labels)``:
+  ``input_ids`` = prompt + answer + ``[end_id]``, ``labels`` the same with every prompt position
+  (``<|assistant|>`` included) set to -100. Lists or 1-D integer tensors. Tried on prompts of
+  several lengths with multi-digit ids.
+* ``check_sequence_log_probs(fn)`` (Build): ``fn(logits (N, T, V), labels (N, T)) -> (N,)``, each row's
+  sum over labelled positions of ``log softmax(logits[:, t])[labels[:, t + 1]]`` (labels lie under
+  the inputs, Hugging Face's convention; -100 adds nothing), with gradients. Tried on several N, T
+  and V, prompts of different lengths, right padding, float32 and float64.
+
+course_lib's ``sft_example``, ``sft_batch``, ``sequence_log_probs`` and ``chosen_rejected_log_probs``
+are refused where they are the very thing built (the lesson uses them once yours has passed); torch's
+building blocks (``log_softmax``, ``gather``, ``F.cross_entropy(..., reduction="none")``, loops,
+einsum, float64 inside) are welcome.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from .common import CheckFailure, calls_to, checker, is_course_lib, plain, run_learner, time_limit
+from .lesson11_modern import f64, no_raw_errors
+
+__all__ = ["check_label_count", "check_sft_labels", "check_sequence_log_probs", "LABEL_INSTRUCTION",
+           "LABEL_ANSWER", "label_count_answer", "is_trl", "LIMIT_SECONDS"]
+
+LIMIT_SECONDS = 30  # the learner's code on one case: a loop that never ends stops here
+IGNORE = -100
+LABEL_INSTRUCTION = "A line with the word 'crown'."
+LABEL_ANSWER = "Uneasy lies the head that wears a crown."
+
+
+def is_trl(obj: Any) -> bool:
+    """True for an object, class or module from TRL."""
+    kind = obj if isinstance(obj, type) else type(obj)
+    module = getattr(obj, "__module__", None) if callable(obj) else None
+    if isinstance(module, str) and module.split(".")[0] == "trl":
+        return True
+    return any((getattr(k, "__module__", "") or "").split(".")[0] == "trl" for k in kind.__mro__)
+
+
+def _refused() -> list[Callable[..., Any]]:
+    from .. import dpo, sft
+
+    return [sft.sft_example, sft.sft_batch, dpo.sequence_log_probs, dpo.chosen_rejected_log_probs,
+            dpo.preference_batch]
+
+
+def _call(fn: Callable[..., Any], *args: Any, case: str, hint: str, what: str) -> Any:
+    """The learner's call, watched for course_lib's own version, stopped after LIMIT_SECONDS."""
+    with calls_to(_refused()) as seen, time_limit(
+            LIMIT_SECONDS, f"Your code ran for more than {LIMIT_SECONDS} s ({case}): a loop that never "
+                           "ends? One call on these small inputs takes milliseconds."):
+        out = run_learner(fn, *args, case=case, hint=hint)
+    if seen:
+        raise CheckFailure(f"Your code calls course_lib's {seen[0].__name__}, the very thing this "
+                           f"exercise builds ({what}): right, and the lesson uses it once yours has "
+                           "passed. Here, write it yourself with torch's building blocks.")
+    return out
+
+
+def _refuse_handed_in(fn: Any, what: str) -> None:
+    if is_course_lib(fn) or is_trl(fn):
+        raise CheckFailure(f"You handed in a library's function ({getattr(fn, '__name__', fn)!r}), the "
+                           f"very thing this exercise builds ({what}): right, and the lesson uses "
+                           "course_lib's once yours has passed. Here, write it yourself.")
+
+
+# --------------------------------------------------------------------------------------------------
+# Exercise 1 (Predict): how many positions carry loss
+# --------------------------------------------------------------------------------------------------
+
+def label_count_answer() -> int:
+    """The answer's characters and ``<|end|>``: the positions whose label is not -100."""
+    return len(LABEL_ANSWER) + 1
+
+
+@checker
+@no_raw_errors
+def check_label_count(fn: Callable[[], Any]) -> None:
+    """Check ``fn() -> int``: the label positions of the lesson's rendered example that carry loss."""
+    _refuse_handed_in(fn, "the count")
+    raw = _call(fn, case="your prediction", hint="Return one number.", what="the labels")
+    value = plain(raw, "your count")
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_complex():
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or value != int(value):
+        raise CheckFailure(f"Return one whole number (a count of positions), got {type(raw).__name__}: "
+                           f"{raw!r}.")
+    got = int(value)
+    a, p = len(LABEL_ANSWER), len(LABEL_INSTRUCTION) + 3  # <|user|> instruction <|end|> <|assistant|>
+    right, total = a + 1, p + a + 1
+    if got == right:
+        print(f"check_label_count: right, {right}: the {a} characters of the answer and the <|end|> "
+              "that closes it. The prompt's positions carry -100.")
+        return
+    mistakes = [
+        (a, "the end token forgotten (or one taken off for the shift)",
+         "the answer's <|end|> is a label too: it is how the model learns to stop. The shift needs "
+         "no correction here: the labels lie under the inputs, and the loss shifts them"),
+        (a + 2, "<|assistant|> counted",
+         "<|assistant|> is the prompt's last token, given to the model, never predicted"),
+        (p, "the prompt counted",
+         "the prompt's positions are the ones set to -100; the rest carry loss"),
+        (p - 1, "the prompt counted (without <|assistant|>)",
+         "the prompt's positions are the ones set to -100; the rest carry loss"),
+        (total, "the whole length",
+         "with the loss on the answer only, the prompt's positions carry -100"),
+        (total - 1, "every next-token prediction counted, the prompt's too",
+         "T - 1 positions predict a next token, but the prompt's labels are -100"),
+        (len(LABEL_INSTRUCTION), "the instruction's characters counted",
+         "the instruction is the prompt: its labels are -100"),
+    ]
+    for value, name, reason in mistakes:
+        if got == value:
+            raise CheckFailure(f"Not quite: {name}. {reason}.", mistake=name)
+    raise CheckFailure("Not quite. Write the rendered ids in two parts, the prompt (<|user|> ... "
+                       "<|assistant|>) and the answer, and count the positions whose label is not -100.")
+
+
+# --------------------------------------------------------------------------------------------------
+# Exercise 2 (Build): sft_labels
+# --------------------------------------------------------------------------------------------------
+
+# (case, prompt, answer, end_id): multi-digit ids, prompts of several lengths, an answer that
+# repeats a prompt id, a one-token answer
+_LABEL_CASES = [
+    ("a prompt of 7 ids, an answer of 5", [86, 12, 40, 33, 57, 88, 87], [21, 64, 5, 71, 19], 88),
+    ("a prompt of 12 ids, an answer of 9", [120, 7, 99, 45, 13, 13, 61, 34, 76, 118, 122, 121],
+     [50, 51, 13, 99, 17, 101, 8, 30, 44], 122),
+    ("a prompt of 4 ids, an answer of 1", [300, 250, 302, 301], [251], 302),
+    ("a prompt of 5 ids, an answer of 14",
+     [1000, 314, 159, 1002, 1001], [265, 358, 979, 323, 846, 264, 338, 327, 950, 288, 419, 716, 939, 937], 1002),
+]
+
+
+def _as_ids(value: Any, what: str, case: str) -> list[int]:
+    value = plain(value, what)
+    if isinstance(value, torch.Tensor):
+        if value.dim() == 2 and value.size(0) == 1:
+            raise CheckFailure(f"{what} has shape {tuple(value.shape)} ({case}): return one sequence, "
+                               "a list or a 1-D tensor, not a batch of one.")
+        if value.dim() != 1 or value.is_floating_point() or value.dtype == torch.bool:
+            raise CheckFailure(f"{what} should be a list of ints or a 1-D integer tensor ({case}), got a "
+                               f"tensor of shape {tuple(value.shape)} and dtype {value.dtype}.")
+        return [int(v) for v in value.tolist()]
+    if isinstance(value, (list, tuple)) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return list(value)
+    if isinstance(value, (list, tuple)) and all(isinstance(v, torch.Tensor) and v.numel() == 1 for v in value):
+        return [int(v.item()) for v in value]
+    raise CheckFailure(f"{what} should be a list of ints or a 1-D integer tensor ({case}), got "
+                       f"{type(value).__name__}.")
+
+
+@checker
+@no_raw_errors
+def check_sft_labels(fn: Callable[..., Any]) -> None:
+    """Check ``fn(prompt_ids, answer_ids, end_id) -> (input_ids, labels)``."""
+    _refuse_handed_in(fn, "the labels")
+    for case, prompt, answer, end in _LABEL_CASES:
+        got = _call(fn, list(prompt), list(answer), end, case=case, what="the labels",
+                    hint=f"It was given prompt_ids (a list of {len(prompt)} ints), answer_ids (a list of "
+                         f"{len(answer)}) and end_id {end}.")
+        got = plain(got, "your result")
+        if not isinstance(got, (tuple, list)) or len(got) != 2:
+            raise CheckFailure(f"Return two sequences, (input_ids, labels), got {type(got).__name__} "
+                               f"({case}).")
+        ids, labels = _as_ids(got[0], "input_ids", case), _as_ids(got[1], "labels", case)
+        want_ids = prompt + answer + [end]
+        want = [IGNORE] * len(prompt) + answer + [end]
+        if ids != want_ids:
+            if ids == prompt + answer:
+                raise CheckFailure(f"Likely mistake ({case}): the end token not appended. input_ids end "
+                                   "with the answer's last id; append end_id after the answer, so the "
+                                   "model sees where an answer stops and learns to write <|end|>.",
+                                   mistake="the end token not appended")
+            first = next((i for i, (x, y) in enumerate(zip(ids, want_ids)) if x != y),
+                         min(len(ids), len(want_ids)))
+            raise CheckFailure(f"input_ids are not prompt + answer + [end_id] ({case}): got {len(ids)} ids, "
+                               f"expected {len(want_ids)}; first difference at position {first}.")
+        if labels == want:
+            continue
+        P = len(prompt)
+        variants = [
+            ("the end token not labelled", [IGNORE] * P + answer + [IGNORE],
+             "the last label is -100: the model never learns to write <|end|>, so it never stops. "
+             "Label the end token with its id"),
+            ("the prompt not masked", list(want_ids),
+             "every label is the input id: the loss also trains the model to predict the instruction. "
+             "Set the prompt's positions to -100"),
+            ("the labels shifted by hand", want[1:] + [IGNORE],
+             "labels lie under input_ids, position for position: the loss shifts them itself "
+             "(logits[:, t] is scored on labels[:, t + 1]); shifted here too, every label is one "
+             "position early"),
+            ("<|assistant|> labelled", [IGNORE] * (P - 1) + [prompt[-1]] + answer + [end],
+             "<|assistant|>, the prompt's last id, is given to the model, never predicted: mask all "
+             "of the prompt"),
+            ("the mask value 0 instead of -100", [0] * P + answer + [end],
+             "0 is a real token id (the loss would train the model to predict it); -100 is the index "
+             "F.cross_entropy ignores"),
+            ("the answer masked and the prompt labelled", prompt + [IGNORE] * (len(answer) + 1),
+             "the loss goes on the answer (and its end), the prompt gets -100"),
+        ]
+        if len(labels) != len(want):
+            raise CheckFailure(f"labels has {len(labels)} positions, input_ids {len(ids)} ({case}): "
+                               "labels lie under input_ids, one label per position.")
+        for name, wrong, hint in variants:
+            if labels == wrong:
+                raise CheckFailure(f"Likely mistake ({case}): {name}. {hint}.", mistake=name)
+        first = next(i for i, (x, y) in enumerate(zip(labels, want)) if x != y)
+        raise CheckFailure(f"labels differ from the expected ones ({case}) first at position {first} "
+                           f"(the prompt has {P} ids): got {labels[first]}. None of the usual mistakes "
+                           "explains it; print both for this small input.")
+    print(f"check_sft_labels: right on all {len(_LABEL_CASES)} examples: input_ids are prompt + answer "
+          "+ <|end|>, and only the answer and its end carry a label. Well done!")
+
+
+# --------------------------------------------------------------------------------------------------
+# Exercise 3 (Build): sequence_log_probs
+# --------------------------------------------------------------------------------------------------
+
+# (case, N, prompt lengths, answer lengths (end included), V, dtype)
+_LOGP_CASES = [
+    ("N=2, V=13, prompts of 3 and 5, float64", 2, (3, 5), (4, 2), 13, torch.float64),
+    ("N=3, V=37, prompts of 2, 6 and 4, right padding, float32", 3, (2, 6, 4), (5, 3, 7), 37, torch.float32),
+    ("N=5, V=120, prompts of 1 to 8, right padding, float64", 5, (8, 1, 4, 2, 6), (2, 9, 1, 5, 3), 120,
+     torch.float64),
+    ("N=1, V=300, float32", 1, (4,), (6,), 300, torch.float32),
+]
+
+
+def _logp_inputs(n: int, N: int, prompts: tuple, answers: tuple, V: int,
+                 dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(500 + n)
+    T = max(p + a for p, a in zip(prompts, answers)) + 1  # at least one padded position in some row
+    logits = (torch.randn(N, T, V, generator=gen, dtype=torch.float64) * 2.0).to(dtype)
+    labels = torch.full((N, T), IGNORE, dtype=torch.long)
+    for i, (p, a) in enumerate(zip(prompts, answers)):
+        labels[i, p:p + a] = torch.randint(10 if V > 20 else 1, V, (a,), generator=gen)
+    return logits, labels
+
+
+def _logp_reference(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    lp = logits.to(torch.float64)[:, :-1].log_softmax(-1)  # (N, T-1, V), in the graph if logits are
+    t = labels[:, 1:]
+    keep = t != IGNORE
+    return torch.where(keep, lp.gather(-1, t.clamp(min=0).unsqueeze(-1)).squeeze(-1), 0.0).sum(1)
+
+
+def _logp_variants(logits: torch.Tensor, labels: torch.Tensor) -> list[tuple[str, str, Callable[[], Any]]]:
+    x = f64(logits)
+    lp = x.log_softmax(-1)  # (N, T, V)
+
+    def picked(values: torch.Tensor, shift: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        v = values[:, :-1] if shift else values
+        t = labels[:, 1:] if shift else labels
+        keep = t != IGNORE
+        return torch.where(keep, v.gather(-1, t.clamp(min=0).unsqueeze(-1)).squeeze(-1), 0.0), keep
+
+    right, keep = picked(lp)
+    return [
+        ("no shift (logits[:, t] scored on labels[:, t])",
+         "position t's logits predict the NEXT token: score logits[:, :-1] on labels[:, 1:]",
+         lambda: picked(lp, shift=False)[0].sum(1)),
+        ("the mean over tokens instead of the sum",
+         "log π(y|x) is the log-probability of the whole answer: the SUM of its tokens' log p",
+         lambda: right.sum(1) / keep.sum(1)),
+        ("the -100 positions counted (as token 0)",
+         "positions labelled -100 (the prompt, the padding) must add nothing: mask them out after "
+         "the gather",
+         lambda: lp[:, :-1].gather(-1, labels[:, 1:].clamp(min=0).unsqueeze(-1)).squeeze(-1).sum(1)),
+        ("the -100 positions counted (as the last token, index -100 wrapping around)",
+         "positions labelled -100 must add nothing: mask them out",
+         lambda: lp[:, :-1].gather(-1, (labels[:, 1:] % x.size(-1)).unsqueeze(-1)).squeeze(-1).sum(1)),
+        ("softmax without log: probabilities summed",
+         "sum log-probabilities (log_softmax), not probabilities",
+         lambda: picked(x.softmax(-1))[0].sum(1)),
+        ("the log of the summed probabilities",
+         "take the log of each token's probability, then sum",
+         lambda: picked(x.softmax(-1))[0].sum(1).log()),
+        ("log_softmax over the wrong dim (the positions, dim 1)",
+         "normalise over the vocabulary, the last dim: log_softmax(dim=-1)",
+         lambda: picked(x.log_softmax(1))[0].sum(1)),
+        ("the probabilities of the argmax, not of the label",
+         "gather at the label's id, the token that was written, not the most likely one",
+         lambda: torch.where(keep, lp[:, :-1].max(-1).values, 0.0).sum(1)),
+        ("raw logits summed (no log_softmax)",
+         "a logit is not a log-probability until it is normalised: log_softmax first",
+         lambda: picked(x)[0].sum(1)),
+        ("the sum of -log p (the loss), not of log p",
+         "a log-probability is negative; the loss is its negative",
+         lambda: -right.sum(1)),
+        ("one number for the batch (the sum over every row)",
+         "return one log-probability per row, shape (N,)", lambda: right.sum()),
+    ]
+
+
+@checker
+@no_raw_errors
+def check_sequence_log_probs(fn: Callable[..., Any]) -> None:
+    """Check ``fn(logits (N, T, V), labels (N, T)) -> (N,)``, with gradients."""
+    _refuse_handed_in(fn, "the sequence log-probabilities")
+    for n, (case, N, prompts, answers, V, dtype) in enumerate(_LOGP_CASES):
+        logits, labels = _logp_inputs(n, N, prompts, answers, V, dtype)
+        leaf = logits.clone().requires_grad_(True)
+        out = _call(fn, leaf, labels.clone(), case=case, what="the sequence log-probabilities",
+                    hint=f"It was given logits {tuple(logits.shape)} ({dtype}) and labels "
+                         f"{tuple(labels.shape)} (int64, -100 outside the answers).")
+        expected = _logp_reference(logits, labels).detach()
+        if not isinstance(out, torch.Tensor):
+            raise CheckFailure(f"Your function returns a {type(out).__name__} ({case}), expected a tensor "
+                               f"of shape ({N},).")
+        value = plain(out, "your log-probabilities")
+        if not value.is_floating_point():
+            raise CheckFailure(f"Your result has dtype {value.dtype} ({case}): log-probabilities are "
+                               "floats.")
+        if value.shape != expected.shape or not torch.allclose(f64(value), expected, atol=1e-4, rtol=1e-5):
+            for name, hint, compute in _logp_variants(logits, labels):
+                try:
+                    wrong = compute()
+                except Exception:  # noqa: BLE001 (a variant that cannot exist for this case)
+                    continue
+                if wrong.shape == value.shape and torch.allclose(f64(value), wrong, atol=1e-4, rtol=1e-5):
+                    raise CheckFailure(f"Likely mistake ({case}): {name}. {hint}.", mistake=name)
+            if value.shape != expected.shape:
+                raise CheckFailure(f"Your result has shape {tuple(value.shape)} ({case}), expected ({N},): "
+                                   "one log-probability per row.")
+            gap = float((f64(value) - expected).abs().max())
+            raise CheckFailure(f"Your log-probabilities differ from the sum over each answer's tokens of "
+                               f"log p(label | before) ({case}): largest difference {gap:.3g}. None of "
+                               "the usual mistakes explains it; print both for one row.")
+        if out.grad_fn is None or not out.requires_grad:
+            raise CheckFailure(f"Your result carries no gradient ({case}): DPO trains through it, so the "
+                               "log-probabilities must stay in the autograd graph of the logits (no "
+                               "torch.no_grad(), .detach() or .item() here).")
+        weights = torch.linspace(0.5, 1.5, N, dtype=out.dtype)
+        (out * weights).sum().backward()
+        ref_leaf = f64(logits).requires_grad_(True)
+        (_logp_reference(ref_leaf, labels) * weights.double()).sum().backward()
+        if leaf.grad is None or not torch.allclose(f64(leaf.grad), ref_leaf.grad, atol=1e-5, rtol=1e-4):
+            raise CheckFailure(f"Your values are right but their gradient with respect to the logits "
+                               f"is not ({case}): is part of the computation done outside autograd?")
+    print(f"check_sequence_log_probs: right on all {len(_LOGP_CASES)} batches (several N, T, V, prompts "
+          "of different lengths, padding, float32 and float64), values and gradients. Well done!")

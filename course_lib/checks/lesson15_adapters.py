@@ -10,7 +10,8 @@
 * ``check_merge_fix(fn)`` (Debug): ``fn(W (d_out, d_in), A (r, d_in), B (d_out, r), scaling) -> the
   merged weight (d_out, d_in)``; its first message says what a layer merged with it computes, on
   which layers (square and not) it differs and what its merged weight is beside W and the update
-  (unchanged, the update alone, k times it, its sign flipped, rows and columns swapped), never the fix.
+  (unchanged, the update alone, k times it, its sign flipped, rows and columns swapped), never the fix;
+  the W, A and B passed in must hold the same numbers after the call, and the result keep W's dtype.
 * ``check_adapter_bytes(fn)`` (Predict): ``fn() -> (bytes of 10 fine-tuned copies, bytes of one base and
   10 adapters at r = 4)``, float32.
 """
@@ -135,7 +136,12 @@ def check_lora_params(fn: Callable[[], Any]) -> None:
         (right + norms // 2, f"the norms' weights are counted too ({norms // 2:,} "
          "numbers): with LoRA the norms are frozen; only the adapters' A and B train"),
         (2 * right, "that is twice the count: 2 blocks (the lesson's base, the course recipe, has 1), or "
-         "bytes at 2 a number (the question asks for parameters, not bytes)"),
+         "bytes at 2 a number (the question asks for parameters, not bytes), or r = 16, which is the "
+         "lesson's alpha (the rank is r = 8; alpha only scales the update)"),
+        (right + 2 * r * (LESSON_BASE["d_ff"] - LESSON_BASE["d_model"]), "linear1 and linear2 counted "
+         "as d_ff -> d_ff (r · 1,024 each): linear1 is 128 -> 512 and linear2 512 -> 128 (r · 640 each)"),
+        (right + len(shapes) * r + sum(o for _, _, o in shapes), "A and B are counted with biases "
+         "(r for A, d_out for B, a target): a LoRA adapter's A and B are plain matrices, no bias"),
         (4 * right, "that is 4 times the count: 4 blocks (GPTConfig's default; the lesson's base, the "
          "course recipe, has 1), or float32 bytes at 4 a number (the question asks for parameters, not "
          "bytes)"),
@@ -193,6 +199,7 @@ def check_adapter_bytes(fn: Callable[[], Any]) -> None:
     got = (_as_int(raw[0], "the copies' bytes"), _as_int(raw[1], "the adapters' bytes"))
     base, adapter, tasks = _base_count(), lora_params_answer(4), 10
     shapes, r4 = _target_shapes(), 4
+    head = LESSON_BASE["vocab_size"] * LESSON_BASE["d_model"]  # a head apart from the (tied) token table
     if got == right:
         print(f"check_adapter_bytes: right, {right[0]:,} bytes for 10 copies against {right[1]:,} for "
               f"one base and 10 adapters ({right[0] / right[1]:.1f}x less).")
@@ -206,8 +213,13 @@ def check_adapter_bytes(fn: Callable[[], Any]) -> None:
         tasks * base * 32: "that counts bits: float32 is 4 bytes a number",
         tasks * base * 4 * 3: "AdamW's two state tensors are counted too: the question asks for the "
                               "weights kept to serve the tasks",
+        tasks * (base + head) * 4: f"the output head is counted apart from the token table ({head:,} "
+                                   "numbers): the head is tied, it is the token table, stored once",
     }
     adapters = {
+        (base + head + tasks * adapter) * 4: f"the output head is counted apart from the token table "
+                                             f"({head:,} numbers): the head is tied, it is the token "
+                                             "table, stored once",
         (base + tasks * adapter): "the base and adapters are counted in parameters, not bytes: float32 "
                                   "is 4 bytes a number",
         tasks * adapter * 4: "only the adapters: the base weights are needed too, once",
@@ -323,9 +335,20 @@ def check_add_lora(fn: Callable[..., Any]) -> None:
         LoRA = _recording_class(wrapped, names, made)
         with calls_to(refused) as seen, time_limit(LIMIT_SECONDS, f"Your function ran for more than "
                                                    f"{LIMIT_SECONDS} s ({case}): a loop that never ends?"):
-            out = run_learner(fn, model, r, alpha, LoRA, case=case,
-                              hint="The function takes (model, r, alpha, lora_class) and calls "
-                                   "lora_class(linear, r, alpha) for each target.")
+            try:
+                out = run_learner(fn, model, r, alpha, LoRA, case=case,
+                                  hint="The function takes (model, r, alpha, lora_class) and calls "
+                                       "lora_class(linear, r, alpha) for each target.")
+            except CheckFailure as err:
+                if isinstance(err.__cause__, AttributeError) and "Llama" in case and n > 0:
+                    raise CheckFailure(
+                        f"Your function ran on the GPTs but raised AttributeError on {case}: "
+                        f"{err.__cause__}. That model's layers have other names and places (its "
+                        "feed-forward is a SwiGLU with gate, up and linear2, no linear1), so a layer "
+                        "reached by a fixed path is not there; the targets are the nn.Linear layers "
+                        "named q_proj, k_proj, v_proj, out_proj, linear1, linear2, wherever they sit.",
+                        mistake="fixed paths to the layers") from None
+                raise
         if seen:
             raise CheckFailure(f"Your function calls course_lib's {seen[0].__name__}, the very thing "
                                "this exercise builds: write the wrapping yourself.")
@@ -344,6 +367,12 @@ def check_add_lora(fn: Callable[..., Any]) -> None:
         if any(is_peft(m) for m in out.modules()):
             raise CheckFailure("Your model holds PEFT's LoRA layers: wrap the targets with the "
                                "lora_class you are given.")
+        if any(isinstance(m, lora.LoRALinear) and not isinstance(m, LoRA) for m in out.modules()):
+            raise CheckFailure(
+                "Your function wraps the targets with course_lib's LoRALinear, not with the "
+                "lora_class it is given: course_lib's is right, and the lesson uses it afterwards; "
+                "here, call lora_class(linear, r, alpha), so that any LoRA class (yours, the "
+                "checker's) can be used.", mistake="course_lib's LoRALinear used")
         found = {name: m for name, m in out.named_modules() if isinstance(m, LoRA)}
         missing = sorted(expected - set(found))
         extra = sorted(set(found) - expected)
@@ -484,9 +513,10 @@ def check_merge_fix(fn: Callable[..., Any]) -> None:
         W64, A64, B64 = W.double(), A.double(), B.double()
         unmerged = x @ W64.T + (x @ A64.T) @ B64.T * s  # (5, d_out): the layer before merging
         too_long = f"Your function ran for more than {LIMIT_SECONDS} s ({case})."
+        given = (W.clone(), A.clone(), B.clone())
         try:
             with time_limit(LIMIT_SECONDS, too_long):
-                got = run_learner(fn, W.clone(), A.clone(), B.clone(), s, case=case,
+                got = run_learner(fn, *given, s, case=case,
                                   hint=f"It was given W {tuple(W.shape)}, A {tuple(A.shape)}, "
                                        f"B {tuple(B.shape)}, scaling {s}.")
         except CheckFailure as err:
@@ -500,6 +530,20 @@ def check_merge_fix(fn: Callable[..., Any]) -> None:
         got = plain(got, "your merged weight")
         if not isinstance(got, torch.Tensor):
             raise CheckFailure(f"Your function returns a {type(got).__name__} ({case}), not a tensor.")
+        changed = [name for name, t, t0 in zip("WAB", given, (W, A, B)) if not torch.equal(t, t0)]
+        if changed:
+            seen = (f"after the call, the {' and '.join(changed)} passed in "
+                    f"hold{'s' if len(changed) == 1 else ''} other numbers than "
+                    f"before: your function changes its input{'s' if len(changed) > 1 else ''} in place"
+                    + (" (in the notebook's use the unmerged layer's W then already carries the update, "
+                       "so merging adds it twice)" if changed == ["W"] else ""))
+            outcomes.append((case, f"{seen[0].upper()}{seen[1:]} ({case}).", seen, "input changed in place"))
+            continue
+        if got.dtype != dtype:
+            seen = f"your merged weight is {got.dtype} where W is {dtype}"
+            outcomes.append((case, f"{seen[0].upper()}{seen[1:]} ({case}): a layer merged with it "
+                                   "changes its dtype.", seen, "dtype changed"))
+            continue
         if tuple(got.shape) != (d_out, d_in):
             outcomes.append((case, f"Your merged weight has shape {tuple(got.shape)} for W "
                                    f"{(d_out, d_in)} ({case}): a layer cannot use it in W's place.",

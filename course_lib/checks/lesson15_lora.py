@@ -13,8 +13,8 @@
 
 The test: several shapes (d_in != d_out, and square, where a transposed ``B A`` fits), ranks 1 to 8,
 ``alpha / r`` of 0.5, 1.5, 2 and 5, inputs of 1 to 3 leading dims, with and without a bias, float32 and
-float64; the output at start, after ``A`` and ``B`` are set to random values, the gradients of ``A``
-and ``B`` (none on ``W`` or ``b``), after two SGD steps on ``A`` and ``B``, merged and unmerged.
+float64; the output at start, after ``A`` and ``B`` are set to random values, the gradients of ``A``,
+``B`` and the input ``x`` (none on ``W`` or ``b``; ``W x`` still passes its part back to ``x``), after two SGD steps on ``A`` and ``B``, merged and unmerged.
 course_lib's ``LoRALinear`` and PEFT's LoRA layers are refused (the lesson uses them once yours has
 passed); every other building block (``F.linear``, einsum, ``@torch.no_grad()``, float64 inside) is welcome.
 
@@ -217,6 +217,9 @@ def _forward_variants(x, W, b, A, B, s, r, alpha) -> list[tuple[str, str, Callab
         ("the scaling is missing", f"multiply B A x by alpha / r. {fix}", lambda: out(1.0)),
         ("the scaling is alpha / √r (rsLoRA's)", f"this exercise uses LoRA's alpha / r. {fix}",
          lambda: out(alpha / math.sqrt(r))),
+        (f"the LoRA path's scaling is {alpha // r:g} where alpha / r = {s:g} (alpha={alpha:g}, r={r}): "
+         "alpha // r, an integer division", f"scaling = alpha / r, a true division. {fix}",
+         lambda: out(float(alpha // r)) if alpha // r != alpha / r else None),
         ("the LoRA path is missing: the output is the frozen layer's W x + b",
          "add (alpha / r) · B A x to base(x).", lambda: out(0.0)),
         ("the bias is dropped", "keep the frozen layer's bias: base(x) is W x + b.",
@@ -335,7 +338,8 @@ def _check_case(cls: Any, n: int, case: str, d_in: int, d_out: int, r: int, alph
         (reference(A_ref, B_ref) * weights).sum().backward()
         for t in (A, B):
             t.grad = None
-        got = _call(layer, x, case=case, hint=hint)
+        x_leaf = x.detach().clone().requires_grad_(True)  # (*lead, d_in): the gradient must reach x too
+        got = _call(layer, x_leaf, case=case, hint=hint)
         _call(lambda: (got.to(torch.float64) * weights).sum().backward(), case=case + ", backward",
               hint="The output must stay in the autograd graph of A and B: no .detach(), no .data, "
                    "no torch.no_grad() in forward.")
@@ -349,6 +353,7 @@ def _check_case(cls: Any, n: int, case: str, d_in: int, d_out: int, r: int, alph
         if base.weight.grad is not None or (bias and base.bias.grad is not None):
             raise CheckFailure(f"The frozen layer's weight or bias received a gradient ({case}): "
                                "freeze them; only A and B train.", mistake="base weight trainable")
+        _expect_x_grad(x_leaf.grad, weights, W0, A64, B64, s, case, step, atol)
         # one SGD step on each (its size normalised: numbers move by at most 0.1), the reference alongside
         step_A = 0.1 * A_ref.grad / A_ref.grad.abs().max().clamp_min(1e-12)
         step_B = 0.1 * B_ref.grad / B_ref.grad.abs().max().clamp_min(1e-12)
@@ -361,6 +366,29 @@ def _check_case(cls: Any, n: int, case: str, d_in: int, d_out: int, r: int, alph
         _name_mistake(got, reference(A64, B64), _forward_variants(x64, W0, b0, A64, B64, s, r, alpha),
                       f"{case}, after {step + 1} SGD step(s) on A and B", "Your output", atol)
     _check_merge(layer, base, x, x64, W0, b0, A64, B64, r, alpha, case, atol, reference, hint)
+
+
+def _expect_x_grad(grad: torch.Tensor | None, weights: torch.Tensor, W0: torch.Tensor, A64: torch.Tensor,
+                   B64: torch.Tensor, s: float, case: str, step: int, atol: float) -> None:
+    """The gradient of sum(output * weights) with respect to x (*lead, d_in) is weights (*lead, d_out)
+    @ (W + s B A); name it when only the LoRA path's part or only W's part reaches x."""
+    full, lora_part, w_part = weights @ (W0 + s * B64 @ A64), weights @ (s * B64 @ A64), weights @ W0
+    if grad is not None and close_scaled(grad, full, atol * 10):
+        return
+    if grad is None:
+        seen = "x receives no gradient"
+    elif close_scaled(grad, lora_part, atol * 10):
+        seen = ("x's gradient holds only the LoRA path's part, (alpha / r) B A: the frozen layer's "
+                "W x + b passes no gradient back to x (frozen means W and b get none, but x, and the "
+                "layers before, still do)")
+        raise CheckFailure(f"The gradient with respect to x differs from that of W x + b + (alpha / r) "
+                           f"B A x ({case}, step {step}): {seen}.", mistake="base(x) outside autograd")
+    elif close_scaled(grad, w_part, atol * 10):
+        seen = "x's gradient holds only the frozen layer's part, W: the LoRA path passes none back to x"
+    else:
+        seen = f"largest difference {_largest(grad, full):.3g}"
+    raise CheckFailure(f"The gradient with respect to x differs from that of W x + b + (alpha / r) B A x "
+                       f"({case}, step {step}): {seen}.")
 
 
 def _check_merge(layer, base, x, x64, W0, b0, A64, B64, r, alpha, case, atol, reference, hint) -> None:
@@ -444,5 +472,5 @@ def check_lora_linear(cls: Any) -> None:
         for n, (case, d_in, d_out, r, alpha, lead, bias, dtype) in enumerate(_CASES):
             _check_case(cls, n, case, d_in, d_out, r, alpha, lead, bias, dtype)
     print(f"check_lora_linear: right on all {len(_CASES)} layers (shapes, ranks, alphas, batch shapes, "
-          "bias or none, float32 and float64): the start, the output, the gradients of A and B, two "
+          "bias or none, float32 and float64): the start, the output, the gradients of A, B and x, two "
           "training steps, merge and unmerge. Well done!")

@@ -279,7 +279,7 @@ def test_merge_fix_shape_error_is_observed():
 @pytest.mark.parametrize("fn", [
     lambda W, A, B, s: torch.einsum("or,ri->oi", B, A) * s + W,
     lambda W, A, B, s: (W.double() + B.double() @ A.double() * s).to(W.dtype),
-    lambda W, A, B, s: W.add_(B @ A, alpha=s),
+    lambda W, A, B, s: W.clone().add_(B @ A, alpha=s),
     torch.no_grad()(lambda W, A, B, s: W + B.mm(A).mul(s)),
 ])
 def test_merge_fix_right_styles_pass(fn):

@@ -129,7 +129,7 @@ def test_dpo_keeps_the_reference_frozen_and_starts_at_log_2(tiny):
     assert not any(p.requires_grad for p in run.reference.parameters())
     assert not same(state(run.policy), before)
     assert run.log[0]["loss"] == pytest.approx(math.log(2), abs=1e-6)  # the policy is the reference
-    assert run.log[0]["rewards/margins"] == pytest.approx(0.0, abs=1e-6)
+    assert run.log[0]["rewards/margins"] == pytest.approx(0.0, abs=1e-5)  # float32 sums: -1.9e-6 on default
     assert [e["step"] for e in run.evals] == [0, 2, 3]
     assert run.evals[0]["kl"] == pytest.approx(0.0, abs=1e-6) and run.evals[-1]["kl"] > 1e-6
     assert set(run.log[-1]) == {"loss", "rewards/chosen", "rewards/rejected", "rewards/margins",

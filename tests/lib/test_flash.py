@@ -10,12 +10,16 @@ bfloat16 (issue #48): the tiles are computed and m, ell, O, D, dQ, dK, dV accumu
 real kernels do. Over seeds 0-3, L = 512, causal, 4 query heads on 2 KV heads, head_dim 64, the mean
 absolute error against float64 is 0.97-0.98x SDPA's bf16 kernel's on the output, 0.95x on dQ, 0.75x
 on dK, 0.69x on dV (measured on this AVX2 machine; with m, ell, O kept in bf16 it was 1.9x, 2.8x,
-2.3x, 2.1x). The test allows 1.2x.
+2.3x, 2.1x). The test allows 1.2x. Against float32 attention on the bf16-rounded inputs (the best a
+bf16-in, float32-inside kernel can do) it is 1.00x on the output and dV, 1.01x on dK, 1.03x on dQ on
+the AVX-512, AVX2-forced and portable kernels (seeds 0-1); the test allows 1.1x.
 """
 
 from __future__ import annotations
 
 import math
+
+import os
 
 import pytest
 import torch
@@ -134,31 +138,53 @@ def test_float32_within_the_measured_tolerance(seed):
 
 
 BF16_MARGIN = 1.2  # measured: at most 0.98 (see the module's docstring)
+EMULATED_MARGIN = 1.1  # measured: at most 1.03 (dQ), on the AVX-512, AVX2-forced and portable kernels
+
+
+def _bf16_float32_inside(q, k, v, d_out):
+    """What "bf16 in, float32 inside, bf16 out" can reach at best: attention in float32 on the inputs
+    rounded to bf16, its output and gradients rounded to bf16."""
+    qf, kf, vf = (t.detach().bfloat16().float().requires_grad_() for t in (q, k, v))
+    out = F.scaled_dot_product_attention(qf, kf, vf, is_causal=True, enable_gqa=True)
+    grads = torch.autograd.grad(out, (qf, kf, vf), d_out.bfloat16().float())
+    return tuple(t.bfloat16() for t in (out, *grads))
 
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_bfloat16_accumulates_in_float32_as_sdpa_does(seed):
     """bf16 inputs, L = 512, causal: the mean error of the output and of dQ, dK, dV against float64
-    is within 1.2x of SDPA's bf16 kernel's; the results come back in bf16, the log-sum-exp in float32."""
+    is within 1.1x of float32 attention on the bf16-rounded inputs and within 1.2x of SDPA's bf16
+    kernel's; the results come back in bf16, the log-sum-exp in float32.
+
+    PyTorch 2.13's bf16 SDPA kernel raises "pack_vnni2 is only supported when avx512 is supported"
+    when ATEN_CPU_CAPABILITY forces kernels below AVX-512 on an AVX-512 CPU; there the comparison
+    with float32 inside still holds, and the one with SDPA is left out."""
     q, k, v = _inputs(1, 4, 2, 512, 512, 64, 64, seed=seed)
     d_out = torch.randn(1, 4, 512, 64, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
     exact = _sdpa(q, k, v, None, True)
     truth = (exact, *torch.autograd.grad(exact, (q, k, v), d_out))
-    results = {}
+    results = {"float32 inside": _bf16_float32_inside(q, k, v, d_out)}
     for name in ("ours", "sdpa"):
         qb, kb, vb = (t.detach().bfloat16().requires_grad_() for t in (q, k, v))
         if name == "ours":
             out, lse = flash_attention(qb, kb, vb, is_causal=True, return_lse=True)
             assert lse.dtype == torch.float32
         else:
-            out = F.scaled_dot_product_attention(qb, kb, vb, is_causal=True, enable_gqa=True)
+            try:
+                out = F.scaled_dot_product_attention(qb, kb, vb, is_causal=True, enable_gqa=True)
+            except RuntimeError as err:
+                assert "pack_vnni2" in str(err) and "ATEN_CPU_CAPABILITY" in os.environ, err
+                continue
         results[name] = (out, *torch.autograd.grad(out, (qb, kb, vb), d_out.bfloat16()))
-    for what, ours, pytorchs, exact_t in zip(("out", "dq", "dk", "dv"), results["ours"], results["sdpa"],
-                                             truth):
+    margins = {"float32 inside": EMULATED_MARGIN, "sdpa": BF16_MARGIN}
+    for i, what in enumerate(("out", "dq", "dk", "dv")):
+        ours = results["ours"][i]
         assert ours.dtype == torch.bfloat16, what
-        error = (ours.double() - exact_t).abs().mean().item()
-        sdpa_error = (pytorchs.double() - exact_t).abs().mean().item()
-        assert error <= BF16_MARGIN * sdpa_error, f"{what}: {error:.3g} vs SDPA's {sdpa_error:.3g}"
+        error = (ours.double() - truth[i]).abs().mean().item()
+        for name, margin in margins.items():
+            if name in results:
+                other = (results[name][i].double() - truth[i]).abs().mean().item()
+                assert error <= margin * other, f"{what}: {error:.3g} vs {name}'s {other:.3g}"
 
 
 def test_gradcheck():

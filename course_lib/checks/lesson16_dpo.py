@@ -86,10 +86,26 @@ def check_dpo_at_start(fn: Callable[[], Any]) -> None:
         (2 * right, "2 log 2", "one loss per pair, -log σ(margin), not one per answer"),
         (math.log(1 + math.e), "-log σ(-1)", "the margin is 0"),
         (0.25, "σ'(0) = 0.25", "that is the slope of σ at 0, not the loss"),
+        (right / 2, "log 2 / 2", "each pair has one loss, -log σ(margin), and the batch's loss is their "
+         "mean over the pairs; the chosen and rejected answers are not averaged as rows of their own"),
+        (math.log(1 + beta), "log(1 + β)", "the margin is 0 and the loss is -log σ(β · 0): β does not "
+         "matter at step 0"),
+        (-math.log(1 / (1 + math.exp(beta))), "-log σ(-β)", "the margin is 0, not -1: the policy equals "
+         "the reference, so every log-ratio is 0"),
+        (math.log10(2), "log₁₀ 2", "the loss uses the natural log: -ln σ(0)"),
     ]
     for value, name, reason in mistakes:
         if math.isfinite(got) and abs(got - value) < 2e-3:
             raise CheckFailure(f"Not quite: {name}. {reason}.", mistake=name)
+    k = got / right if math.isfinite(got) else 0.0
+    if 2.5 < k < 1000.5 and abs(k - round(k)) < 2e-3:
+        name = "log 2 summed over the pairs"
+        raise CheckFailure(f"Not quite: {got:g} is {round(k)} × log 2. Every pair's loss is log 2 at step 0, "
+                           "and the training loop takes their mean over the batch, not their sum.",
+                           mistake=name)
+    if math.isfinite(got) and abs(got - right) < 0.06:
+        raise CheckFailure(f"Close: {got:g} is not quite the value, {abs(got - right):.2g} away; the text "
+                           "asks for 4 decimals. Which exact number is it?", mistake="rounded too far")
     raise CheckFailure("Not quite. At step 0 the policy is a copy of the reference: what are the two "
                        "log-ratios, the margin, and -log σ of that margin?")
 
@@ -150,6 +166,8 @@ def _loss_variants(pc, pr, rc, rr, beta) -> list[tuple[str, str, Callable[[], An
         ("the reference added, not subtracted", fix, lambda: -F.logsigmoid(beta * ((pc + rc) - (pr + rr)))),
         ("log σ of each answer's ratio apart", fix,
          lambda: -F.logsigmoid(beta * c) - F.logsigmoid(-beta * r)),
+        ("β applied twice (β² multiplies the margin)", f"β multiplies the margin once. {fix}",
+         lambda: -F.logsigmoid(beta * beta * d)),
     ]
 
 
@@ -244,6 +262,14 @@ def check_dpo_loss(fn: Callable[..., Any]) -> None:
                 "for margins of ±1000. Compute log σ in one numerically stable step.",
                 mistake="log(sigmoid(x)) overflowing")
         if not _matches(got_losses, want[0], dtype):
+            backwards = [beta * (ref[2] - ref[0]), beta * (ref[3] - ref[1])]  # β (log π_ref - log π)
+            if _matches(got_losses, -F.logsigmoid(-beta * ((ref[0] - ref[2]) - (ref[1] - ref[3]))), dtype) \
+                    and all(isinstance(g, torch.Tensor) and _matches(plain(g.detach(), "your rewards"), b, dtype)
+                            for g, b in zip((chosen_r, rejected_r), backwards)):
+                name = "the log-ratios taken the other way round (log π_ref - log π)"
+                raise CheckFailure(f"Likely mistake ({case}): {name}. Your rewards are β (log π_ref - log π), "
+                                   "the opposite sign of each answer's implicit reward, and your losses are "
+                                   "those of the chosen and the rejected answers swapped.", mistake=name)
             _name(got_losses, _loss_variants(*ref, beta), dtype, case, "losses", want[0])
         for what, got, expected, (p, r, op, orr) in (
                 ("chosen_rewards", chosen_r, want[1], (ref[0], ref[2], ref[1], ref[3])),
@@ -302,7 +328,9 @@ def _tiny_model_and_batch(n: int) -> tuple[nn.Module, torch.Tensor, torch.Tensor
 
 
 def _dpo_right(sft_model: nn.Module, ids: torch.Tensor, labels: torch.Tensor, beta: float, lr: float,
-               steps: int) -> nn.Module:
+               steps: int, reference_is_policy: bool = False) -> nn.Module:
+    """DPO with a frozen reference; with ``reference_is_policy``, a slip the checker names: the
+    reference's log-probabilities taken from the policy itself, detached."""
     from ..dpo import chosen_rejected_log_probs, dpo_loss
 
     policy, reference = copy.deepcopy(sft_model), copy.deepcopy(sft_model)
@@ -310,7 +338,8 @@ def _dpo_right(sft_model: nn.Module, ids: torch.Tensor, labels: torch.Tensor, be
     for _ in range(steps):
         chosen, rejected = chosen_rejected_log_probs(policy, ids, labels)
         with torch.no_grad():
-            ref_chosen, ref_rejected = chosen_rejected_log_probs(reference, ids, labels)
+            ref_chosen, ref_rejected = chosen_rejected_log_probs(policy if reference_is_policy else reference,
+                                                                 ids, labels)
         loss = dpo_loss(chosen, rejected, ref_chosen, ref_rejected, beta).losses.mean()
         optimizer.zero_grad()
         loss.backward()
@@ -347,23 +376,45 @@ def check_dpo_fix(fn: Callable[..., Any]) -> None:
             raise CheckFailure(f"After your function ran ({case}), the SFT model it was given computes "
                                f"other logits than before (by up to {moved_given:.3g}).")
         moved = float((ref_logits - logits0).abs().max())
+        still = float((policy_logits - logits0).abs().max())
         if moved > 1e-12:
             weights = max(float((a - b).abs().max()) for a, b in zip(reference.state_dict().values(),
                                                                       before.state_dict().values())
                           if a.is_floating_point())
+            policy_too = (" The policy's logits are still the SFT model's: the policy did not change."
+                          if still == 0 else "")
             raise CheckFailure(
-                f"After {steps} DPO steps on one batch ({case}), the reference model's logits moved by up "
-                f"to {moved:.3g} (its weights by up to {weights:.3g}), from the SFT model's.",
-                mistake="the reference trained")
+                f"After your function ran ({case}), the reference model's logits moved by up to "
+                f"{moved:.3g} (its weights by up to {weights:.3g}) from the SFT model's.{policy_too}",
+                mistake="the reference trained" + (", the policy not" if still == 0 else ""))
         expected = _dpo_right(before, ids, labels, beta, lr, steps)
         with torch.no_grad():
             want = expected(ids)
         gap = float((policy_logits - want).abs().max())
         if not torch.allclose(policy_logits, want, atol=1e-7, rtol=1e-6):
-            still = float((policy_logits - logits0).abs().max())
-            detail = (" and the policy's logits are the SFT model's: it did not train" if still == 0 else
-                      f"; its logits differ from a DPO run with a frozen reference by up to {gap:.3g}")
-            raise CheckFailure(f"After {steps} steps ({case}) the reference is unchanged{detail}.",
-                               mistake="the policy did not train" if still == 0 else None)
+            if still == 0:
+                raise CheckFailure(f"After your function ran ({case}), the reference is unchanged, and so is "
+                                   "the policy: its logits are the SFT model's. It did not train.",
+                                   mistake="the policy did not train")
+            for other in (steps - 1, steps + 1, 2 * steps):
+                if other > 0:
+                    alt_model = _dpo_right(before, ids, labels, beta, lr, other)
+                    with torch.no_grad():
+                        alt = alt_model(ids)
+                    if torch.allclose(policy_logits, alt, atol=1e-7, rtol=1e-6):
+                        raise CheckFailure(f"After your function ran ({case}), the reference is unchanged, "
+                                           f"and the policy is what DPO gives after {other} steps, not "
+                                           f"{steps}.", mistake="another number of steps")
+            alt_model = _dpo_right(before, ids, labels, beta, lr, steps, reference_is_policy=True)
+            with torch.no_grad():
+                alt = alt_model(ids)
+            if torch.allclose(policy_logits, alt, atol=1e-7, rtol=1e-6):
+                raise CheckFailure(f"After your function ran ({case}), the reference model is unchanged, but "
+                                   "the policy trained as if the reference's log-probabilities were the "
+                                   "policy's own at every step: every log-ratio 0, the loss log 2 at every "
+                                   "step, whatever the policy learns.", mistake="the reference never used")
+            raise CheckFailure(f"After your function ran ({case}), the reference is unchanged, but the "
+                               f"policy's logits differ from those of DPO with a frozen reference by up to "
+                               f"{gap:.3g}.")
     print(f"check_dpo_fix: right on {len(_FIX_CASES)} runs: the reference stays the SFT model, and the "
           "policy trains as DPO with a frozen reference does. Well done!")

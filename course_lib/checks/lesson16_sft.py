@@ -121,6 +121,15 @@ def check_label_count(fn: Callable[[], Any]) -> None:
          "T - 1 positions predict a next token, but the prompt's labels are -100"),
         (len(LABEL_INSTRUCTION), "the instruction's characters counted",
          "the instruction is the prompt: its labels are -100"),
+        (a + 3, "the prompt's <|end|> and <|assistant|> counted with the answer",
+         "both close the prompt: given to the model, never predicted, so their labels are -100"),
+        (total + 1, "one more than the whole sequence",
+         "there is one label per input position, and with the loss on the answer only the prompt's "
+         "positions carry -100"),
+        (len(LABEL_ANSWER.split()), "the answer's words counted",
+         "the tokenizer here gives one id per character: count characters"),
+        (len(LABEL_ANSWER.split()) + 1, "the answer's words (and <|end|>) counted",
+         "the tokenizer here gives one id per character: count characters"),
     ]
     for value, name, reason in mistakes:
         if got == value:
@@ -185,10 +194,35 @@ def check_sft_labels(fn: Callable[..., Any]) -> None:
                                    "with the answer's last id; append end_id after the answer, so the "
                                    "model sees where an answer stops and learns to write <|end|>.",
                                    mistake="the end token not appended")
+            P = len(prompt)
+            shapes = [
+                (prompt + answer + [end, end], "the end token twice",
+                 f"input_ids end with end_id ({end}) twice: answer_ids come without it, and it is appended once"),
+                (prompt + [end] + answer, "the end token before the answer",
+                 f"end_id ({end}) sits at position {P}, right after the prompt, where the answer's first "
+                 "id belongs; input_ids are the prompt, then the answer, then end_id"),
+                (prompt + [end] + answer + [end], "the end token also after the prompt",
+                 f"end_id ({end}) appears at position {P}, between the prompt and the answer, and again "
+                 "at the end; the prompt already ends with <|assistant|>"),
+                (answer + [end], "the prompt left out of input_ids",
+                 "input_ids start with the answer: the model must see the prompt it answers"),
+                (prompt + [end], "the answer left out of input_ids", "input_ids hold no answer ids"),
+            ]
+            for wrong, name, hint in shapes:
+                if ids == wrong:
+                    raise CheckFailure(f"Likely mistake ({case}): {name}. {hint}.", mistake=name)
+            if len(ids) == len(want_ids) and ids[:-1] == want_ids[:-1]:
+                name = "another end id than end_id"
+                raise CheckFailure(f"Likely mistake ({case}): {name}. input_ids end with {ids[-1]}, but the "
+                                   f"end_id given is {end}: use the argument (each tokenizer has its own id).",
+                                   mistake=name)
             first = next((i for i, (x, y) in enumerate(zip(ids, want_ids)) if x != y),
                          min(len(ids), len(want_ids)))
+            at = (f" (got {ids[first]}, expected {want_ids[first]})" if first < min(len(ids), len(want_ids))
+                  else "")
             raise CheckFailure(f"input_ids are not prompt + answer + [end_id] ({case}): got {len(ids)} ids, "
-                               f"expected {len(want_ids)}; first difference at position {first}.")
+                               f"expected {len(want_ids)}; first difference at position {first}{at}; the "
+                               f"prompt is positions 0-{P - 1}, the answer {P}-{P + len(answer) - 1}.")
         if labels == want:
             continue
         P = len(prompt)
@@ -212,16 +246,39 @@ def check_sft_labels(fn: Callable[..., Any]) -> None:
             ("the answer masked and the prompt labelled", prompt + [IGNORE] * (len(answer) + 1),
              "the loss goes on the answer (and its end), the prompt gets -100"),
         ]
+        variants += [
+            ("the answer's first token masked too", [IGNORE] * (P + 1) + answer[1:] + [end],
+             f"position {P}, the answer's first token, holds -100: the model is never taught the first "
+             "token of an answer. Only the prompt's positions are -100"),
+        ]
         if len(labels) != len(want):
+            short = [
+                ("the labels shifted by hand (and one shorter)", want[1:]),
+                ("the end token left without a label", want[:-1]),
+                ("only the answer's labels returned", answer + [end]),
+            ]
+            for name, wrong in short:
+                if labels == wrong:
+                    raise CheckFailure(f"Likely mistake ({case}): {name}. labels has {len(labels)} positions, "
+                                       f"input_ids {len(ids)}: labels lie under input_ids, one label per "
+                                       "position, and the loss does the shift.", mistake=name)
             raise CheckFailure(f"labels has {len(labels)} positions, input_ids {len(ids)} ({case}): "
                                "labels lie under input_ids, one label per position.")
         for name, wrong, hint in variants:
             if labels == wrong:
                 raise CheckFailure(f"Likely mistake ({case}): {name}. {hint}.", mistake=name)
+        masked = labels[:P]
+        if labels[P:] == want[P:] and len(set(masked)) == 1 and masked[0] != IGNORE:
+            name = f"the prompt's positions set to {masked[0]}, not -100"
+            raise CheckFailure(f"Likely mistake ({case}): {name}. The loss skips only the label -100 "
+                               f"(F.cross_entropy's ignore_index); {masked[0]} would be read as a token id "
+                               "to predict (or raise).", mistake="another mask value than -100")
         first = next(i for i, (x, y) in enumerate(zip(labels, want)) if x != y)
-        raise CheckFailure(f"labels differ from the expected ones ({case}) first at position {first} "
-                           f"(the prompt has {P} ids): got {labels[first]}. None of the usual mistakes "
-                           "explains it; print both for this small input.")
+        where = ("in the prompt" if first < P else "the end token" if first == len(want) - 1
+                 else "in the answer")
+        raise CheckFailure(f"labels differ from the expected ones ({case}) first at position {first}, "
+                           f"{where} (the prompt is positions 0-{P - 1}): got {labels[first]}, expected "
+                           f"{want[first]}. Print both for this small input.")
     print(f"check_sft_labels: right on all {len(_LABEL_CASES)} examples: input_ids are prompt + answer "
           "+ <|end|>, and only the answer and its end carry a label. Well done!")
 
@@ -314,9 +371,17 @@ def check_sequence_log_probs(fn: Callable[..., Any]) -> None:
     for n, (case, N, prompts, answers, V, dtype) in enumerate(_LOGP_CASES):
         logits, labels = _logp_inputs(n, N, prompts, answers, V, dtype)
         leaf = logits.clone().requires_grad_(True)
-        out = _call(fn, leaf, labels.clone(), case=case, what="the sequence log-probabilities",
-                    hint=f"It was given logits {tuple(logits.shape)} ({dtype}) and labels "
-                         f"{tuple(labels.shape)} (int64, -100 outside the answers).")
+        try:
+            out = _call(fn, leaf, labels.clone(), case=case, what="the sequence log-probabilities",
+                        hint=f"It was given logits {tuple(logits.shape)} ({dtype}) and labels "
+                             f"{tuple(labels.shape)} (int64, -100 outside the answers).")
+        except CheckFailure as err:
+            if "Expected target size" not in str(err):
+                raise
+            name = "F.cross_entropy given the classes in the last dim"
+            raise CheckFailure(f"Likely mistake ({case}): {name}. {err} F.cross_entropy reads the classes "
+                               "(here the vocabulary) from dim 1 of a 3-D input; these logits have them "
+                               "last.", mistake=name) from None
         expected = _logp_reference(logits, labels).detach()
         if not isinstance(out, torch.Tensor):
             raise CheckFailure(f"Your function returns a {type(out).__name__} ({case}), expected a tensor "

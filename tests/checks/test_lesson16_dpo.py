@@ -39,7 +39,9 @@ def test_dpo_at_start_right_answers_pass():
 @pytest.mark.parametrize("value, name", [
     (0.0, "0"), (0.5, "σ(0) = 0.5 itself"), (1.0, "1"), (-0.6931, "log 2 with the sign flipped"),
     (0.06931, "log 2 times β"), (6.931, "log 2 divided by β"), (0.6444, "-log σ(β)"),
-    (1.3863, "2 log 2"), (0.25, "σ'(0) = 0.25")])
+    (1.3863, "2 log 2"), (0.25, "σ'(0) = 0.25"), (0.3466, "log 2 / 2"), (0.0953, "log(1 + β)"),
+    (0.7444, "-log σ(-β)"), (0.30103, "log₁₀ 2"), (16 * math.log(2), "log 2 summed over the pairs"),
+    (11.09, "log 2 summed over the pairs"), (0.7, "rounded too far"), (0.69, "rounded too far")])
 def test_dpo_at_start_mistakes_named(value, name):
     assert failure(check_dpo_at_start, lambda: value).mistake == name
 
@@ -115,6 +117,9 @@ def _with_rewards(chosen_of, rejected_of):
      "the rewards without the reference"),
     (_with_rewards(lambda pc, pr, rc, rr, b: b * (pr - rr), lambda pc, pr, rc, rr, b: b * (pc - rc)),
      "the chosen and rejected rewards swapped"),
+    (_with_loss(lambda pc, pr, rc, rr, c, r, b: -F.logsigmoid(b * b * (c - r))), "β applied twice"),
+    (lambda pc, pr, rc, rr, b: (-F.logsigmoid(b * ((rc - pc) - (rr - pr))), (b * (rc - pc)).detach(),
+                                (b * (rr - pr)).detach()), "the log-ratios taken the other way round"),
 ])
 def test_dpo_loss_mistakes_named(fn, name):
     assert failure(check_dpo_loss, fn).mistake.startswith(name)
@@ -183,7 +188,39 @@ def test_dpo_fix_other_failures():
 
     assert "SFT model it was given" in str(failure(check_dpo_fix, in_place))
     assert "two models" in str(failure(check_dpo_fix, lambda *a: train(*a)[0]))
-    assert "frozen reference" in str(failure(check_dpo_fix, lambda m, i, l, b, lr, s: train(m, i, l, b, lr, s + 1)))
+    err = failure(check_dpo_fix, lambda m, i, l, b, lr, s: train(m, i, l, b, lr, s + 1))
+    assert err.mistake == "another number of steps" and "after 4 steps, not 3" in str(err)
+    err = failure(check_dpo_fix, lambda m, i, l, b, lr, s: train(m, i, l, b, lr, max(s - 1, 1)))
+    assert err.mistake == "another number of steps" and "after 2 steps, not 3" in str(err)
+    err = failure(check_dpo_fix, lambda m, i, l, b, lr, s: train(m, i, l, 2 * b, lr, s))
+    assert err.mistake is None and "frozen reference by up to" in str(err)
+
+
+def test_dpo_fix_a_reference_taken_from_the_policy_and_a_policy_that_stands_still_are_observed():
+    def reference_is_policy(sft_model, input_ids, labels, beta, lr, steps):
+        policy, reference = copy.deepcopy(sft_model), copy.deepcopy(sft_model)
+        optimizer = torch.optim.AdamW(policy.parameters(), lr=lr)
+        for _ in range(steps):
+            chosen, rejected = chosen_rejected_log_probs(policy, input_ids, labels)
+            with torch.no_grad():
+                ref_chosen, ref_rejected = chosen_rejected_log_probs(policy, input_ids, labels)
+            loss = dpo_loss(chosen, rejected, ref_chosen, ref_rejected, beta).losses.mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        return policy, reference
+
+    err = failure(check_dpo_fix, reference_is_policy)
+    assert err.mistake == "the reference never used" and "log 2 at every step" in str(err)
+
+    def reference_trained_policy_not(sft_model, input_ids, labels, beta, lr, steps):
+        policy, reference = train(sft_model, input_ids, labels, beta, lr, steps, freeze="none", optimize="both")
+        return copy.deepcopy(sft_model), reference
+
+    err = failure(check_dpo_fix, reference_trained_policy_not)
+    assert err.mistake == "the reference trained, the policy not" and "did not change" in str(err)
+    for fix in ("no_grad", "requires_grad", "freeze", "optimizer", "detach"):
+        assert fix not in str(err)
 
 
 def test_dpo_checkers_keep_random_state():

@@ -38,7 +38,9 @@ def test_label_count_right_answers_pass():
 @pytest.mark.parametrize("value, name", [
     (40, "the end token forgotten"), (42, "<|assistant|> counted"), (32, "the prompt counted"),
     (73, "the whole length"), (72, "every next-token prediction counted"),
-    (29, "the instruction's characters counted")])
+    (29, "the instruction's characters counted"),
+    (43, "the prompt's <|end|> and <|assistant|> counted"), (74, "one more than the whole sequence"),
+    (8, "the answer's words counted"), (9, "the answer's words (and <|end|>) counted")])
 def test_label_count_mistakes_named(value, name):
     err = failure(check_label_count, lambda: value)
     assert err.mistake is not None and err.mistake.startswith(name)
@@ -107,6 +109,15 @@ def _variant(labels_of, ids_of=lambda p, a, e: p + a + [e]):
     (_variant(lambda p, a, e: [-100] * (len(p) - 1) + [p[-1]] + a + [e]), "<|assistant|> labelled"),
     (_variant(lambda p, a, e: [0] * len(p) + a + [e]), "the mask value 0 instead of -100"),
     (_variant(lambda p, a, e: p + [-100] * (len(a) + 1)), "the answer masked and the prompt labelled"),
+    # tryout 16a's dev half
+    (_variant(lambda p, a, e: [-100] * len(p) + a + [e, e], lambda p, a, e: p + a + [e, e]), "the end token twice"),
+    (_variant(lambda p, a, e: [-100] * (len(p) + 1) + a, lambda p, a, e: p + [e] + a),
+     "the end token before the answer"),
+    (_variant(lambda p, a, e: [-100] * len(p) + a + [7], lambda p, a, e: p + a + [7]), "another end id than end_id"),
+    (_variant(lambda p, a, e: [-1] * len(p) + a + [e]), "another mask value than -100"),
+    (_variant(lambda p, a, e: [-100] * (len(p) + 1) + a[1:] + [e]), "the answer's first token masked too"),
+    (_variant(lambda p, a, e: ([-100] * len(p) + a + [e])[1:]), "the labels shifted by hand (and one shorter)"),
+    (_variant(lambda p, a, e: [-100] * len(p) + a), "the end token left without a label"),
 ])
 def test_sft_labels_mistakes_named(fn, name):
     assert failure(check_sft_labels, fn).mistake == name
@@ -172,6 +183,15 @@ def _pick(values, labels, shift=True):
 ])
 def test_sequence_log_probs_mistakes_named(fn, name):
     assert failure(check_sequence_log_probs, fn).mistake.startswith(name)
+
+
+def test_sequence_log_probs_cross_entropy_with_the_classes_last_is_named():
+    def classes_last(logits, labels):
+        nll = F.cross_entropy(logits[:, :-1], labels[:, 1:], reduction="none")
+        return -nll.sum(1)
+
+    err = failure(check_sequence_log_probs, classes_last)
+    assert err.mistake == "F.cross_entropy given the classes in the last dim" and "dim 1" in str(err)
 
 
 def test_sequence_log_probs_shape_gradient_and_refusal():

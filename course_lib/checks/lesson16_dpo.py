@@ -75,7 +75,8 @@ def check_dpo_at_start(fn: Callable[[], Any]) -> None:
         (0.5, "σ(0) = 0.5 itself", "that is the probability the model gives the chosen answer's "
          "preference; the loss is its negative log"),
         (-0.5, "-σ(0)", "the loss takes the log of σ"),
-        (1.0, "1", "σ(0) is 1/2, and the loss is -log σ(0)"),
+        (1.0, "1", "σ(0) is 1/2 and the loss is -log σ(0): with the natural log (log₂ 2 = 1, but the loss "
+         "uses ln), that is not 1"),
         (-right, "log 2 with the sign flipped", "the loss is -log σ(...), a positive number"),
         (beta * right, "log 2 times β", "β multiplies the margin inside σ, not the loss; the margin is "
          "0, so β does not matter at step 0"),
@@ -103,6 +104,11 @@ def check_dpo_at_start(fn: Callable[[], Any]) -> None:
         raise CheckFailure(f"Not quite: {got:g} is {round(k)} × log 2. Every pair's loss is log 2 at step 0, "
                            "and the training loop takes their mean over the batch, not their sum.",
                            mistake=name)
+    n = math.exp(got) if math.isfinite(got) and 1 < got < 20 else 0.0
+    if n >= 3 and abs(n - round(n)) < 1e-3 * n:
+        raise CheckFailure(f"Not quite: {got:g} is ln {round(n)}, the cross-entropy of a uniform guess among "
+                           f"{round(n)} tokens, a language model's loss. DPO's loss is about a pair of "
+                           "answers: -log σ of a margin.", mistake="ln of a vocabulary size")
     if math.isfinite(got) and abs(got - right) < 0.06:
         raise CheckFailure(f"Close: {got:g} is not quite the value, {abs(got - right):.2g} away; the text "
                            "asks for 4 decimals. Which exact number is it?", mistake="rounded too far")
@@ -150,8 +156,9 @@ def _loss_variants(pc, pr, rc, rr, beta) -> list[tuple[str, str, Callable[[], An
     return [
         ("the loss's sign flipped (log σ, not -log σ)", f"the loss is the NEGATIVE log-likelihood. {fix}",
          lambda: F.logsigmoid(beta * d)),
-        ("chosen and rejected swapped", f"the chosen answer's log-ratio comes first. {fix}",
-         lambda: -F.logsigmoid(-beta * d)),
+        ("the margin's sign flipped", "your losses are -log σ(-β·Δ) (= softplus(+β·Δ)): those of the "
+         "chosen and rejected answers swapped, or softplus given the margin with the wrong sign. "
+         f"{fix} = softplus(-β·Δ)", lambda: -F.logsigmoid(-beta * d)),
         ("β missing", f"β multiplies the whole margin. {fix}", lambda: -F.logsigmoid(d)),
         ("β on the chosen side only", f"β multiplies the whole margin. {fix}",
          lambda: -F.logsigmoid(beta * c - r)),
@@ -261,6 +268,15 @@ def check_dpo_loss(fn: Callable[..., Any]) -> None:
                 "as two steps overflows there (σ(x) rounds to 0, or exp(-x) to inf). A constraint: finite "
                 "for margins of ±1000. Compute log σ in one numerically stable step.",
                 mistake="log(sigmoid(x)) overflowing")
+        if not _matches(got_losses, want[0], dtype) and scale >= 1000:
+            margins = beta * ((ref[0] - ref[2]) - (ref[1] - ref[3]))
+            wrong = [i for i in range(B) if not _matches(got_losses[i:i + 1], want[0][i:i + 1], dtype)]
+            i = wrong[0] if wrong else 0
+            raise CheckFailure(f"Your losses are wrong at margins β·Δ of ±1000 ({case}), right in the "
+                               f"earlier cases: at β·Δ = {float(margins[i]):.0f} you give "
+                               f"{float(got_losses[i]):.6g}, DPO {float(want[0][i]):.6g}. A clamp or a "
+                               "cut-off of the margin changes the loss there; the constraint asks for the "
+                               "loss itself, finite, at these margins.", mistake="the margin clamped")
         if not _matches(got_losses, want[0], dtype):
             backwards = [beta * (ref[2] - ref[0]), beta * (ref[3] - ref[1])]  # β (log π_ref - log π)
             if _matches(got_losses, -F.logsigmoid(-beta * ((ref[0] - ref[2]) - (ref[1] - ref[3]))), dtype) \
@@ -328,18 +344,24 @@ def _tiny_model_and_batch(n: int) -> tuple[nn.Module, torch.Tensor, torch.Tensor
 
 
 def _dpo_right(sft_model: nn.Module, ids: torch.Tensor, labels: torch.Tensor, beta: float, lr: float,
-               steps: int, reference_is_policy: bool = False) -> nn.Module:
-    """DPO with a frozen reference; with ``reference_is_policy``, a slip the checker names: the
-    reference's log-probabilities taken from the policy itself, detached."""
+               steps: int, slip: str = "") -> nn.Module:
+    """DPO with a frozen reference, or with one of the slips the checker names: ``reference_is_policy``
+    (the reference's log-probabilities taken from the policy itself, detached), ``reference_swapped``
+    (the reference's chosen and rejected log-probabilities trade places), ``optimizer_each_step``
+    (AdamW made anew at every step)."""
     from ..dpo import chosen_rejected_log_probs, dpo_loss
 
     policy, reference = copy.deepcopy(sft_model), copy.deepcopy(sft_model)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=lr)
     for _ in range(steps):
+        if slip == "optimizer_each_step":
+            optimizer = torch.optim.AdamW(policy.parameters(), lr=lr)
         chosen, rejected = chosen_rejected_log_probs(policy, ids, labels)
         with torch.no_grad():
-            ref_chosen, ref_rejected = chosen_rejected_log_probs(policy if reference_is_policy else reference,
-                                                                 ids, labels)
+            ref_chosen, ref_rejected = chosen_rejected_log_probs(
+                policy if slip == "reference_is_policy" else reference, ids, labels)
+        if slip == "reference_swapped":
+            ref_chosen, ref_rejected = ref_rejected, ref_chosen
         loss = dpo_loss(chosen, rejected, ref_chosen, ref_rejected, beta).losses.mean()
         optimizer.zero_grad()
         loss.backward()
@@ -377,6 +399,14 @@ def check_dpo_fix(fn: Callable[..., Any]) -> None:
                                f"other logits than before (by up to {moved_given:.3g}).")
         moved = float((ref_logits - logits0).abs().max())
         still = float((policy_logits - logits0).abs().max())
+        expected = _dpo_right(before, ids, labels, beta, lr, steps)
+        with torch.no_grad():
+            want = expected(ids)
+        if still == 0 and moved > 0 and torch.allclose(ref_logits, want, atol=1e-7, rtol=1e-6):
+            raise CheckFailure(f"After your function ran ({case}), the first model it returns computes the SFT "
+                               "model's logits, unchanged, and the second computes what DPO's policy gives. "
+                               "The function returns (policy, reference), in that order.",
+                               mistake="the two models returned in the other order")
         if moved > 1e-12:
             weights = max(float((a - b).abs().max()) for a, b in zip(reference.state_dict().values(),
                                                                       before.state_dict().values())
@@ -387,9 +417,6 @@ def check_dpo_fix(fn: Callable[..., Any]) -> None:
                 f"After your function ran ({case}), the reference model's logits moved by up to "
                 f"{moved:.3g} (its weights by up to {weights:.3g}) from the SFT model's.{policy_too}",
                 mistake="the reference trained" + (", the policy not" if still == 0 else ""))
-        expected = _dpo_right(before, ids, labels, beta, lr, steps)
-        with torch.no_grad():
-            want = expected(ids)
         gap = float((policy_logits - want).abs().max())
         if not torch.allclose(policy_logits, want, atol=1e-7, rtol=1e-6):
             if still == 0:
@@ -405,14 +432,24 @@ def check_dpo_fix(fn: Callable[..., Any]) -> None:
                         raise CheckFailure(f"After your function ran ({case}), the reference is unchanged, "
                                            f"and the policy is what DPO gives after {other} steps, not "
                                            f"{steps}.", mistake="another number of steps")
-            alt_model = _dpo_right(before, ids, labels, beta, lr, steps, reference_is_policy=True)
-            with torch.no_grad():
-                alt = alt_model(ids)
-            if torch.allclose(policy_logits, alt, atol=1e-7, rtol=1e-6):
-                raise CheckFailure(f"After your function ran ({case}), the reference model is unchanged, but "
-                                   "the policy trained as if the reference's log-probabilities were the "
-                                   "policy's own at every step: every log-ratio 0, the loss log 2 at every "
-                                   "step, whatever the policy learns.", mistake="the reference never used")
+            slips = {
+                "reference_is_policy": ("the reference never used", "the policy trained as if the reference's "
+                                        "log-probabilities were the policy's own at every step: every "
+                                        "log-ratio 0, the loss log 2 at every step, whatever the policy learns"),
+                "reference_swapped": ("the reference's chosen and rejected swapped", "the policy trained as "
+                                      "if the reference's log-probabilities of the chosen and the rejected "
+                                      "answers had traded places"),
+                "optimizer_each_step": ("AdamW's state reset every step", "the policy is what DPO gives when "
+                                        "AdamW starts afresh at every step, its running averages of the "
+                                        "gradients forgotten each time"),
+            }
+            for slip, (name, observed) in slips.items():
+                alt_model = _dpo_right(before, ids, labels, beta, lr, steps, slip)
+                with torch.no_grad():
+                    alt = alt_model(ids)
+                if torch.allclose(policy_logits, alt, atol=1e-7, rtol=1e-6):
+                    raise CheckFailure(f"After your function ran ({case}), the reference model is unchanged, "
+                                       f"but {observed}.", mistake=name)
             raise CheckFailure(f"After your function ran ({case}), the reference is unchanged, but the "
                                f"policy's logits differ from those of DPO with a frozen reference by up to "
                                f"{gap:.3g}.")

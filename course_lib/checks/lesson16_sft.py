@@ -130,6 +130,17 @@ def check_label_count(fn: Callable[[], Any]) -> None:
          "the tokenizer here gives one id per character: count characters"),
         (len(LABEL_ANSWER.split()) + 1, "the answer's words (and <|end|>) counted",
          "the tokenizer here gives one id per character: count characters"),
+        (a - 1, "one taken off for the shift, and the end token forgotten",
+         "the labels lie under the inputs and the loss shifts them, so nothing is taken off; and the "
+         "answer's <|end|> is a label too: it is how the model learns to stop"),
+        (1, "only <|end|> counted", "every character of the answer carries loss too: SFT teaches the "
+         "answer, and <|end|> after it"),
+        (len(LABEL_INSTRUCTION) + 1, "the instruction and an <|end|> counted",
+         "the instruction is the prompt, whose labels are -100; the answer's characters and its <|end|> "
+         "carry loss"),
+        (a + 4, "the answer and all four special tokens counted",
+         "<|user|>, the prompt's <|end|> and <|assistant|> belong to the prompt (-100); only the "
+         "answer's <|end|> carries loss"),
     ]
     for value, name, reason in mistakes:
         if got == value:
@@ -144,10 +155,10 @@ def check_label_count(fn: Callable[[], Any]) -> None:
 
 # (case, prompt, answer, end_id): multi-digit ids, prompts of several lengths, an answer that
 # repeats a prompt id, a one-token answer
-_LABEL_CASES = [
-    ("a prompt of 7 ids, an answer of 5", [86, 12, 40, 33, 57, 88, 87], [21, 64, 5, 71, 19], 88),
+_LABEL_CASES = [  # the first: answer ids that also stand in the prompt (so do the end id's)
     ("a prompt of 12 ids, an answer of 9", [120, 7, 99, 45, 13, 13, 61, 34, 76, 118, 122, 121],
      [50, 51, 13, 99, 17, 101, 8, 30, 44], 122),
+    ("a prompt of 7 ids, an answer of 5", [86, 12, 40, 33, 57, 88, 87], [21, 64, 5, 71, 19], 88),
     ("a prompt of 4 ids, an answer of 1", [300, 250, 302, 301], [251], 302),
     ("a prompt of 5 ids, an answer of 14",
      [1000, 314, 159, 1002, 1001], [265, 358, 979, 323, 846, 264, 338, 327, 950, 288, 419, 716, 939, 937], 1002),
@@ -188,6 +199,11 @@ def check_sft_labels(fn: Callable[..., Any]) -> None:
         ids, labels = _as_ids(got[0], "input_ids", case), _as_ids(got[1], "labels", case)
         want_ids = prompt + answer + [end]
         want = [IGNORE] * len(prompt) + answer + [end]
+        if ids == want and labels == want_ids:
+            name = "input_ids and labels returned in the other order"
+            raise CheckFailure(f"Likely mistake ({case}): {name}. The first sequence you return holds -100 "
+                               "over the prompt, and the second the prompt's ids: the function returns "
+                               "(input_ids, labels).", mistake=name)
         if ids != want_ids:
             if ids == prompt + answer:
                 raise CheckFailure(f"Likely mistake ({case}): the end token not appended. input_ids end "
@@ -264,6 +280,15 @@ def check_sft_labels(fn: Callable[..., Any]) -> None:
                                        "position, and the loss does the shift.", mistake=name)
             raise CheckFailure(f"labels has {len(labels)} positions, input_ids {len(ids)} ({case}): "
                                "labels lie under input_ids, one label per position.")
+        in_prompt = set(prompt)
+        by_value = [IGNORE if t in in_prompt else t for t in want_ids]
+        if labels == by_value:
+            name = "tokens masked by their id, not by their position"
+            again = [i for i in range(P, len(want)) if want_ids[i] in in_prompt]
+            raise CheckFailure(f"Likely mistake ({case}): {name}. Positions {again} of the answer (and its end) "
+                               f"hold ids that also stand in the prompt ({[want_ids[i] for i in again]}) and got "
+                               "-100. The prompt's positions are masked, whatever ids they hold; an answer "
+                               "may repeat any of them.", mistake=name)
         for name, wrong, hint in variants:
             if labels == wrong:
                 raise CheckFailure(f"Likely mistake ({case}): {name}. {hint}.", mistake=name)
@@ -305,6 +330,8 @@ def _logp_inputs(n: int, N: int, prompts: tuple, answers: tuple, V: int,
     labels = torch.full((N, T), IGNORE, dtype=torch.long)
     for i, (p, a) in enumerate(zip(prompts, answers)):
         labels[i, p:p + a] = torch.randint(10 if V > 20 else 1, V, (a,), generator=gen)
+    if N > 1:
+        labels[1, prompts[1]] = 0  # a real token of id 0 (an answer's first token), to be counted
     return logits, labels
 
 
@@ -326,7 +353,30 @@ def _logp_variants(logits: torch.Tensor, labels: torch.Tensor) -> list[tuple[str
         return torch.where(keep, v.gather(-1, t.clamp(min=0).unsqueeze(-1)).squeeze(-1), 0.0), keep
 
     right, keep = picked(lp)
+    t1 = labels[:, 1:]
+    early = labels[:, :-1] != IGNORE  # the mask read one position early, from the unshifted labels
+    lp_short = x[:, :-1]
     return [
+        ("the answer's tokens of id 0 left out (a mask such as labels > 0)",
+         "id 0 is a real token; only the label -100 marks a position without loss",
+         lambda: torch.where(t1 > 0, lp[:, :-1].gather(-1, t1.clamp(min=0).unsqueeze(-1)).squeeze(-1),
+                             0.0).sum(1)),
+        ("the shift the wrong way (logits[:, 1:] scored on labels[:, :-1])",
+         "position t's logits predict the token at t + 1: score logits[:, :-1] on labels[:, 1:]",
+         lambda: torch.where(labels[:, :-1] != IGNORE, lp[:, 1:].gather(
+             -1, labels[:, :-1].clamp(min=0).unsqueeze(-1)).squeeze(-1), 0.0).sum(1)),
+        ("the mask taken from the unshifted labels (one position early)",
+         "the labels were shifted for the gather, but the mask that says which positions count was "
+         "not: it drops the end token and counts <|assistant|>'s prediction",
+         lambda: torch.where(early, lp[:, :-1].gather(-1, t1.clamp(min=0).unsqueeze(-1)).squeeze(-1),
+                             0.0).sum(1)),
+        ("log_softmax over the positions (dim 1), after the shift",
+         "normalise over the vocabulary, the last dim: log_softmax(dim=-1)",
+         lambda: torch.where(t1 != IGNORE, lp_short.log_softmax(1).gather(
+             -1, t1.clamp(min=0).unsqueeze(-1)).squeeze(-1), 0.0).sum(1)),
+        ("log_softmax over the batch (dim 0)",
+         "normalise over the vocabulary, the last dim: log_softmax(dim=-1)",
+         lambda: picked(x.log_softmax(0))[0].sum(1)),
         ("no shift (logits[:, t] scored on labels[:, t])",
          "position t's logits predict the NEXT token: score logits[:, :-1] on labels[:, 1:]",
          lambda: picked(lp, shift=False)[0].sum(1)),
@@ -401,10 +451,13 @@ def check_sequence_log_probs(fn: Callable[..., Any]) -> None:
             if value.shape != expected.shape:
                 raise CheckFailure(f"Your result has shape {tuple(value.shape)} ({case}), expected ({N},): "
                                    "one log-probability per row.")
-            gap = float((f64(value) - expected).abs().max())
+            diff = (f64(value) - expected).abs()
+            rows = [i for i in range(N) if diff[i] > 1e-4 + 1e-5 * float(expected[i].abs())]
             raise CheckFailure(f"Your log-probabilities differ from the sum over each answer's tokens of "
-                               f"log p(label | before) ({case}): largest difference {gap:.3g}. None of "
-                               "the usual mistakes explains it; print both for one row.")
+                               f"log p(label | before) ({case}): rows {rows} of {N} differ, by up to "
+                               f"{float(diff.max()):.3g} (you give {float(value[rows[0]]):.4g} for row "
+                               f"{rows[0]}, the sum gives {float(expected[rows[0]]):.4g}). Print both for "
+                               "that row.")
         if out.grad_fn is None or not out.requires_grad:
             raise CheckFailure(f"Your result carries no gradient ({case}): DPO trains through it, so the "
                                "log-probabilities must stay in the autograd graph of the logits (no "

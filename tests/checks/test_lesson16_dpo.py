@@ -41,7 +41,8 @@ def test_dpo_at_start_right_answers_pass():
     (0.06931, "log 2 times β"), (6.931, "log 2 divided by β"), (0.6444, "-log σ(β)"),
     (1.3863, "2 log 2"), (0.25, "σ'(0) = 0.25"), (0.3466, "log 2 / 2"), (0.0953, "log(1 + β)"),
     (0.7444, "-log σ(-β)"), (0.30103, "log₁₀ 2"), (16 * math.log(2), "log 2 summed over the pairs"),
-    (11.09, "log 2 summed over the pairs"), (0.7, "rounded too far"), (0.69, "rounded too far")])
+    (11.09, "log 2 summed over the pairs"), (0.7, "rounded too far"), (0.69, "rounded too far"),
+    (math.log(86), "ln of a vocabulary size"), (math.log(1000), "ln of a vocabulary size")])
 def test_dpo_at_start_mistakes_named(value, name):
     assert failure(check_dpo_at_start, lambda: value).mistake == name
 
@@ -99,7 +100,9 @@ def _with_rewards(chosen_of, rejected_of):
 
 @pytest.mark.parametrize("fn, name", [
     (_with_loss(lambda pc, pr, rc, rr, c, r, b: F.logsigmoid(b * (c - r))), "the loss's sign flipped"),
-    (_with_loss(lambda pc, pr, rc, rr, c, r, b: -F.logsigmoid(b * (r - c))), "chosen and rejected swapped"),
+    (_with_loss(lambda pc, pr, rc, rr, c, r, b: -F.logsigmoid(b * (r - c))), "the margin's sign flipped"),
+    (_with_loss(lambda pc, pr, rc, rr, c, r, b: F.softplus(b * (c - r))), "the margin's sign flipped"),
+    (_with_loss(lambda pc, pr, rc, rr, c, r, b: -F.logsigmoid((b * (c - r)).clamp(-50, 50))), "the margin clamped"),
     (_with_loss(lambda pc, pr, rc, rr, c, r, b: -F.logsigmoid(c - r)), "β missing"),
     (_with_loss(lambda pc, pr, rc, rr, c, r, b: -F.logsigmoid(b * c - r)), "β on the chosen side only"),
     (_with_loss(lambda pc, pr, rc, rr, c, r, b: -F.logsigmoid(c - b * r)), "β on the rejected side only"),
@@ -216,6 +219,32 @@ def test_dpo_fix_a_reference_taken_from_the_policy_and_a_policy_that_stands_stil
     def reference_trained_policy_not(sft_model, input_ids, labels, beta, lr, steps):
         policy, reference = train(sft_model, input_ids, labels, beta, lr, steps, freeze="none", optimize="both")
         return copy.deepcopy(sft_model), reference
+
+    err = failure(check_dpo_fix, lambda *a: train(*a)[::-1])
+    assert err.mistake == "the two models returned in the other order"
+
+    def slipped(slip):
+        def fn(sft_model, input_ids, labels, beta, lr, steps):
+            policy, reference = copy.deepcopy(sft_model), copy.deepcopy(sft_model)
+            optimizer = torch.optim.AdamW(policy.parameters(), lr=lr)
+            for _ in range(steps):
+                if slip == "optimizer":
+                    optimizer = torch.optim.AdamW(policy.parameters(), lr=lr)
+                chosen, rejected = chosen_rejected_log_probs(policy, input_ids, labels)
+                with torch.no_grad():
+                    ref_chosen, ref_rejected = chosen_rejected_log_probs(reference, input_ids, labels)
+                if slip == "swapped":
+                    ref_chosen, ref_rejected = ref_rejected, ref_chosen
+                loss = dpo_loss(chosen, rejected, ref_chosen, ref_rejected, beta).losses.mean()
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+            return policy, reference
+        return fn
+
+    assert failure(check_dpo_fix, slipped("optimizer")).mistake == "AdamW's state reset every step"
+    assert failure(check_dpo_fix, slipped("swapped")).mistake == "the reference's chosen and rejected swapped"
+    assert passes(check_dpo_fix, slipped(""))
 
     err = failure(check_dpo_fix, reference_trained_policy_not)
     assert err.mistake == "the reference trained, the policy not" and "did not change" in str(err)

@@ -40,7 +40,9 @@ def test_label_count_right_answers_pass():
     (73, "the whole length"), (72, "every next-token prediction counted"),
     (29, "the instruction's characters counted"),
     (43, "the prompt's <|end|> and <|assistant|> counted"), (74, "one more than the whole sequence"),
-    (8, "the answer's words counted"), (9, "the answer's words (and <|end|>) counted")])
+    (8, "the answer's words counted"), (9, "the answer's words (and <|end|>) counted"),
+    (39, "one taken off for the shift, and the end token forgotten"), (1, "only <|end|> counted"),
+    (30, "the instruction and an <|end|> counted"), (44, "the answer and all four special tokens counted")])
 def test_label_count_mistakes_named(value, name):
     err = failure(check_label_count, lambda: value)
     assert err.mistake is not None and err.mistake.startswith(name)
@@ -118,6 +120,10 @@ def _variant(labels_of, ids_of=lambda p, a, e: p + a + [e]):
     (_variant(lambda p, a, e: [-100] * (len(p) + 1) + a[1:] + [e]), "the answer's first token masked too"),
     (_variant(lambda p, a, e: ([-100] * len(p) + a + [e])[1:]), "the labels shifted by hand (and one shorter)"),
     (_variant(lambda p, a, e: [-100] * len(p) + a), "the end token left without a label"),
+    # tryout 16a's held half
+    (lambda p, a, e: ([-100] * len(p) + a + [e], p + a + [e]), "input_ids and labels returned in the other order"),
+    (_variant(lambda p, a, e: [-100 if t in set(p) else t for t in p + a + [e]]),
+     "tokens masked by their id, not by their position"),
 ])
 def test_sft_labels_mistakes_named(fn, name):
     assert failure(check_sft_labels, fn).mistake == name
@@ -182,6 +188,23 @@ def _pick(values, labels, shift=True):
     (lambda x, y: -_pick(x.log_softmax(-1), y)[0].sum(1), "the sum of -log p"),
 ])
 def test_sequence_log_probs_mistakes_named(fn, name):
+    assert failure(check_sequence_log_probs, fn).mistake.startswith(name)
+
+
+def _masked_sum(logp, target, counted):
+    picked = logp.gather(-1, target.clamp(min=0)[..., None])[..., 0]
+    return (picked * counted).sum(-1)
+
+
+@pytest.mark.parametrize("fn, name", [
+    (lambda x, y: _masked_sum(x[:, :-1].log_softmax(-1), y[:, 1:], y[:, 1:] > 0), "the answer's tokens of id 0"),
+    (lambda x, y: _masked_sum(x[:, 1:].log_softmax(-1), y[:, :-1], y[:, :-1] != -100), "the shift the wrong way"),
+    (lambda x, y: _masked_sum(x[:, :-1].log_softmax(-1), y[:, 1:], y[:, :-1] != -100),
+     "the mask taken from the unshifted labels"),
+    (lambda x, y: _masked_sum(x[:, :-1].log_softmax(1), y[:, 1:], y[:, 1:] != -100),
+     "log_softmax over the positions (dim 1), after the shift"),
+])
+def test_sequence_log_probs_tryout_16a_mistakes_named(fn, name):
     assert failure(check_sequence_log_probs, fn).mistake.startswith(name)
 
 

@@ -618,10 +618,15 @@ def test_run_command_ends_torchrun_and_its_workers_on_a_time_out(tmp_path):
 
     marker = uuid.uuid4().hex
     script = tmp_path / "sleeper.py"
-    script.write_text(f"import time\nMARKER = '{marker}'\ntime.sleep(600)\n")
-    with pytest.raises(RanksTimedOut, match="did not finish within 20 s"):
+    # each worker says it started (the workers import nothing heavy: torchrun's own start is most of
+    # the time), then sleeps far past the time limit
+    script.write_text(f"import os, time\nMARKER = '{marker}'\n"
+                      f"open(os.path.join({str(tmp_path)!r}, 'started-' + os.environ['RANK']), 'w').close()\n"
+                      "time.sleep(600)\n")
+    with pytest.raises(RanksTimedOut, match="did not finish within 10 s"):
         run_command([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                     str(script)], timeout=20)
+                     str(script)], timeout=10)
+    assert sorted(p.name for p in tmp_path.glob("started-*")) == ["started-0", "started-1"]  # both were running
     left = [p for p in psutil.process_iter(["cmdline"]) if str(script) in " ".join(p.info["cmdline"] or [])]
     assert left == [], f"left running: {left}"
 

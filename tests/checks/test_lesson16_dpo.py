@@ -139,21 +139,29 @@ def test_dpo_loss_bad_input_and_refusal():
 
 # ---- check_dpo_fix --------------------------------------------------------------------------------
 
-def train(sft_model, input_ids, labels, beta, lr, steps, freeze="no_grad", optimize="policy"):
+def train(sft_model, input_ids, labels, beta, lr, steps, freeze="no_grad", optimize="policy", slip=""):
+    """DPO as the learner might write it: the reference frozen one way or another (or not), and
+    ``slip`` one of the tryouts' mistakes: "optimizer" (AdamW made anew every step), "swapped" (the
+    reference's chosen and rejected traded), "reference_is_policy"."""
     policy, reference = copy.deepcopy(sft_model), copy.deepcopy(sft_model)
     if freeze == "requires_grad":
         reference.requires_grad_(False)
     both = nn.ModuleDict({"policy": policy, "reference": reference})
     optimizer = torch.optim.AdamW((both if optimize == "both" else policy).parameters(), lr=lr)
     for _ in range(steps):
+        if slip == "optimizer":
+            optimizer = torch.optim.AdamW(policy.parameters(), lr=lr)
         chosen, rejected = chosen_rejected_log_probs(policy, input_ids, labels)
         if freeze == "no_grad":
             with torch.no_grad():
-                ref_chosen, ref_rejected = chosen_rejected_log_probs(reference, input_ids, labels)
+                ref_chosen, ref_rejected = chosen_rejected_log_probs(
+                    policy if slip == "reference_is_policy" else reference, input_ids, labels)
         elif freeze == "detach":
             ref_chosen, ref_rejected = (t.detach() for t in chosen_rejected_log_probs(reference, input_ids, labels))
         else:
             ref_chosen, ref_rejected = chosen_rejected_log_probs(reference, input_ids, labels)
+        if slip == "swapped":
+            ref_chosen, ref_rejected = ref_rejected, ref_chosen
         loss = dpo_loss(chosen, rejected, ref_chosen, ref_rejected, beta).losses.mean()
         optimizer.zero_grad()
         loss.backward()
@@ -200,20 +208,7 @@ def test_dpo_fix_other_failures():
 
 
 def test_dpo_fix_a_reference_taken_from_the_policy_and_a_policy_that_stands_still_are_observed():
-    def reference_is_policy(sft_model, input_ids, labels, beta, lr, steps):
-        policy, reference = copy.deepcopy(sft_model), copy.deepcopy(sft_model)
-        optimizer = torch.optim.AdamW(policy.parameters(), lr=lr)
-        for _ in range(steps):
-            chosen, rejected = chosen_rejected_log_probs(policy, input_ids, labels)
-            with torch.no_grad():
-                ref_chosen, ref_rejected = chosen_rejected_log_probs(policy, input_ids, labels)
-            loss = dpo_loss(chosen, rejected, ref_chosen, ref_rejected, beta).losses.mean()
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-        return policy, reference
-
-    err = failure(check_dpo_fix, reference_is_policy)
+    err = failure(check_dpo_fix, lambda *a: train(*a, slip="reference_is_policy"))
     assert err.mistake == "the reference never used" and "log 2 at every step" in str(err)
 
     def reference_trained_policy_not(sft_model, input_ids, labels, beta, lr, steps):
@@ -224,23 +219,7 @@ def test_dpo_fix_a_reference_taken_from_the_policy_and_a_policy_that_stands_stil
     assert err.mistake == "the two models returned in the other order"
 
     def slipped(slip):
-        def fn(sft_model, input_ids, labels, beta, lr, steps):
-            policy, reference = copy.deepcopy(sft_model), copy.deepcopy(sft_model)
-            optimizer = torch.optim.AdamW(policy.parameters(), lr=lr)
-            for _ in range(steps):
-                if slip == "optimizer":
-                    optimizer = torch.optim.AdamW(policy.parameters(), lr=lr)
-                chosen, rejected = chosen_rejected_log_probs(policy, input_ids, labels)
-                with torch.no_grad():
-                    ref_chosen, ref_rejected = chosen_rejected_log_probs(reference, input_ids, labels)
-                if slip == "swapped":
-                    ref_chosen, ref_rejected = ref_rejected, ref_chosen
-                loss = dpo_loss(chosen, rejected, ref_chosen, ref_rejected, beta).losses.mean()
-                optimizer.zero_grad()
-                loss.backward()
-                optimizer.step()
-            return policy, reference
-        return fn
+        return lambda *a: train(*a, slip=slip)
 
     assert failure(check_dpo_fix, slipped("optimizer")).mistake == "AdamW's state reset every step"
     assert failure(check_dpo_fix, slipped("swapped")).mistake == "the reference's chosen and rejected swapped"

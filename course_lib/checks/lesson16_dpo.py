@@ -175,7 +175,29 @@ def _loss_variants(pc, pr, rc, rr, beta) -> list[tuple[str, str, Callable[[], An
          lambda: -F.logsigmoid(beta * c) - F.logsigmoid(-beta * r)),
         ("β applied twice (β² multiplies the margin)", f"β multiplies the margin once. {fix}",
          lambda: -F.logsigmoid(beta * beta * d)),
-    ]
+        ("no log σ: the loss is -β·Δ itself", "your losses are minus the margin, linear in it (negative "
+         f"where the margin is positive); -log σ turns the margin into a positive loss. {fix}",
+         lambda: -beta * d),
+    ] + _sign_variants(pc, pr, rc, rr, beta, fix)
+
+
+def _sign_variants(pc, pr, rc, rr, beta, fix) -> list[tuple[str, str, Callable[[], Any]]]:
+    """The margin with one or two of its four terms' signs slipped, e.g. ``+ log π_ref,r``."""
+    import itertools
+
+    names = ("log π_c", "log π_ref,c", "log π_r", "log π_ref,r")
+    right = (1, -1, -1, 1)
+    out = []
+    for signs in itertools.product((1, -1), repeat=4):
+        flipped = [n for n, s, r in zip(names, signs, right) if s != r]
+        if not 1 <= len(flipped) <= 3:
+            continue  # the right margin, and the swap (all four flipped), named above
+        terms = " ".join(f"{'+' if s > 0 else '-'} {n}" for s, n in zip(signs, names)).lstrip("+ ")
+        margin = signs[0] * pc + signs[1] * rc + signs[2] * pr + signs[3] * rr
+        out.append((f"a sign slipped in the margin ({', '.join(flipped)})",
+                    f"your losses are -log σ(β ({terms})). {fix}",
+                    lambda m=margin: -F.logsigmoid(beta * m)))
+    return out
 
 
 def _reward_variants(p, ref, beta, other_p, other_ref) -> list[tuple[str, str, Callable[[], Any]]]:
@@ -244,6 +266,21 @@ def check_dpo_loss(fn: Callable[..., Any]) -> None:
                                    "return three: (losses (B,), chosen_rewards (B,), rejected_rewards (B,)).")
             raise CheckFailure(f"Return three tensors, (losses, chosen_rewards, rejected_rewards), got "
                                f"{type(out).__name__} ({case}).")
+        if all(isinstance(t, torch.Tensor) and t.shape == (B,) for t in out) and \
+                not _matches(f64(plain(out[0].detach(), "your losses")), _reference(*[f64(t) for t in inputs], beta)[0],
+                             dtype):
+            want = _reference(*[f64(t) for t in inputs], beta)
+            got = [f64(plain(t.detach(), "your result")) for t in out]
+            order = []
+            for g in got:
+                order.append(next((name for name, w in zip(("losses", "chosen_rewards", "rejected_rewards"), want)
+                                   if _matches(g, w, dtype)), None))
+            if None not in order and len(set(order)) == 3 and order != ["losses", "chosen_rewards",
+                                                                        "rejected_rewards"]:
+                name = "the three results returned in another order"
+                raise CheckFailure(f"Likely mistake ({case}): {name}. Your function returns ({', '.join(order)}); "
+                                   "the exercise asks for (losses, chosen_rewards, rejected_rewards).",
+                                   mistake=name)
         losses, chosen_r, rejected_r = out
         for what, t in (("losses", losses), ("chosen_rewards", chosen_r), ("rejected_rewards", rejected_r)):
             if not isinstance(t, torch.Tensor) or not t.is_floating_point():
@@ -348,11 +385,13 @@ def _dpo_right(sft_model: nn.Module, ids: torch.Tensor, labels: torch.Tensor, be
     """DPO with a frozen reference, or with one of the slips the checker names: ``reference_is_policy``
     (the reference's log-probabilities taken from the policy itself, detached), ``reference_swapped``
     (the reference's chosen and rejected log-probabilities trade places), ``optimizer_each_step``
-    (AdamW made anew at every step)."""
+    (AdamW made anew at every step), ``sgd`` (plain SGD at ``lr``), ``reference_first`` (the
+    reference's log-probabilities given to the loss in the policy's places, and the policy's in the
+    reference's)."""
     from ..dpo import chosen_rejected_log_probs, dpo_loss
 
     policy, reference = copy.deepcopy(sft_model), copy.deepcopy(sft_model)
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=lr)
+    optimizer = (torch.optim.SGD if slip == "sgd" else torch.optim.AdamW)(policy.parameters(), lr=lr)
     for _ in range(steps):
         if slip == "optimizer_each_step":
             optimizer = torch.optim.AdamW(policy.parameters(), lr=lr)
@@ -362,6 +401,8 @@ def _dpo_right(sft_model: nn.Module, ids: torch.Tensor, labels: torch.Tensor, be
                 policy if slip == "reference_is_policy" else reference, ids, labels)
         if slip == "reference_swapped":
             ref_chosen, ref_rejected = ref_rejected, ref_chosen
+        if slip == "reference_first":
+            chosen, rejected, ref_chosen, ref_rejected = ref_chosen, ref_rejected, chosen, rejected
         loss = dpo_loss(chosen, rejected, ref_chosen, ref_rejected, beta).losses.mean()
         optimizer.zero_grad()
         loss.backward()
@@ -442,6 +483,11 @@ def check_dpo_fix(fn: Callable[..., Any]) -> None:
                 "optimizer_each_step": ("AdamW's state reset every step", "the policy is what DPO gives when "
                                         "AdamW starts afresh at every step, its running averages of the "
                                         "gradients forgotten each time"),
+                "sgd": ("another optimizer than AdamW", "the policy is what plain SGD steps at this lr give, "
+                        "not the AdamW steps of the function you fixed"),
+                "reference_first": ("the policy's and the reference's log-probabilities traded places",
+                                    "the policy trained to prefer the REJECTED answers: as if the loss had "
+                                    "been given the reference's log-probabilities where the policy's go"),
             }
             for slip, (name, observed) in slips.items():
                 alt_model = _dpo_right(before, ids, labels, beta, lr, steps, slip)
@@ -450,8 +496,17 @@ def check_dpo_fix(fn: Callable[..., Any]) -> None:
                 if torch.allclose(policy_logits, alt, atol=1e-7, rtol=1e-6):
                     raise CheckFailure(f"After your function ran ({case}), the reference model is unchanged, "
                                        f"but {observed}.", mistake=name)
+            from ..dpo import chosen_rejected_log_probs
+
+            with torch.no_grad():
+                ref_c, ref_r = chosen_rejected_log_probs(before, ids, labels)
+                margins = []
+                for model in (policy, expected):
+                    c, r = chosen_rejected_log_probs(model, ids, labels)
+                    margins.append(float(((c - ref_c) - (r - ref_r)).mean()))
             raise CheckFailure(f"After your function ran ({case}), the reference is unchanged, but the "
                                f"policy's logits differ from those of DPO with a frozen reference by up to "
-                               f"{gap:.3g}.")
+                               f"{gap:.3g}; its mean log-ratio margin (chosen minus rejected) on the batch is "
+                               f"{margins[0]:.3g}, DPO's {margins[1]:.3g}.")
     print(f"check_dpo_fix: right on {len(_FIX_CASES)} runs: the reference stays the SFT model, and the "
           "policy trains as DPO with a frozen reference does. Well done!")

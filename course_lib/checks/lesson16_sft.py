@@ -138,6 +138,9 @@ def check_label_count(fn: Callable[[], Any]) -> None:
         (len(LABEL_INSTRUCTION) + 1, "the instruction and an <|end|> counted",
          "the instruction is the prompt, whose labels are -100; the answer's characters and its <|end|> "
          "carry loss"),
+        (a + 7, "<|end|> counted as its 7 characters",
+         "<|end|> is one token, one id (the template adds it to the vocabulary): the answer's characters "
+         "and that one id carry loss"),
         (a + 4, "the answer and all four special tokens counted",
          "<|user|>, the prompt's <|end|> and <|assistant|> belong to the prompt (-100); only the "
          "answer's <|end|> carries loss"),
@@ -342,6 +345,21 @@ def _logp_reference(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return torch.where(keep, lp.gather(-1, t.clamp(min=0).unsqueeze(-1)).squeeze(-1), 0.0).sum(1)
 
 
+def _last_labelled(values: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """(N,): each row's value at its last kept position (0 where a row keeps none)."""
+    idx = torch.arange(keep.size(1)).expand_as(keep)
+    last = torch.where(keep, idx, -1).max(1).values
+    return torch.where(last >= 0, values.gather(1, last.clamp(min=0).unsqueeze(1)).squeeze(1), 0.0)
+
+
+def _first_labelled(values: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """(N,): each row's value at its first kept position (0 where a row keeps none)."""
+    idx = torch.arange(keep.size(1)).expand_as(keep)
+    first = torch.where(keep, idx, keep.size(1)).min(1).values
+    ok = first < keep.size(1)
+    return torch.where(ok, values.gather(1, first.clamp(max=keep.size(1) - 1).unsqueeze(1)).squeeze(1), 0.0)
+
+
 def _logp_variants(logits: torch.Tensor, labels: torch.Tensor) -> list[tuple[str, str, Callable[[], Any]]]:
     x = f64(logits)
     lp = x.log_softmax(-1)  # (N, T, V)
@@ -367,13 +385,26 @@ def _logp_variants(logits: torch.Tensor, labels: torch.Tensor) -> list[tuple[str
              -1, labels[:, :-1].clamp(min=0).unsqueeze(-1)).squeeze(-1), 0.0).sum(1)),
         ("the mask taken from the unshifted labels (one position early)",
          "the labels were shifted for the gather, but the mask that says which positions count was "
-         "not: it drops the end token and counts <|assistant|>'s prediction",
+         "not: it leaves out the answer's first token (predicted at <|assistant|>) and adds the "
+         "prediction made at <|end|> of whatever follows it",
          lambda: torch.where(early, lp[:, :-1].gather(-1, t1.clamp(min=0).unsqueeze(-1)).squeeze(-1),
                              0.0).sum(1)),
         ("log_softmax over the positions (dim 1), after the shift",
          "normalise over the vocabulary, the last dim: log_softmax(dim=-1)",
          lambda: torch.where(t1 != IGNORE, lp_short.log_softmax(1).gather(
              -1, t1.clamp(min=0).unsqueeze(-1)).squeeze(-1), 0.0).sum(1)),
+        ("the positions labelled -100 summed instead of the answer's",
+         "the mask keeps the positions whose label is -100 (the prompt, the padding): keep those whose "
+         "label is not -100",
+         lambda: torch.where(t1 == IGNORE, lp[:, :-1].gather(-1, t1.clamp(min=0).unsqueeze(-1)).squeeze(-1),
+                             0.0).sum(1)),
+        ("the answer's last token (<|end|>) left out",
+         "every labelled position counts, <|end|> included: log π(y|x) is the probability of the whole "
+         "answer, its stop too",
+         lambda: (right * keep).sum(1) - _last_labelled(right, keep)),
+        ("the answer's first token left out",
+         "every labelled position counts, the first answer token (predicted at <|assistant|>) included",
+         lambda: (right * keep).sum(1) - _first_labelled(right, keep)),
         ("log_softmax over the batch (dim 0)",
          "normalise over the vocabulary, the last dim: log_softmax(dim=-1)",
          lambda: picked(x.log_softmax(0))[0].sum(1)),

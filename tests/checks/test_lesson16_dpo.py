@@ -121,6 +121,13 @@ def _with_rewards(chosen_of, rejected_of):
     (_with_rewards(lambda pc, pr, rc, rr, b: b * (pr - rr), lambda pc, pr, rc, rr, b: b * (pc - rc)),
      "the chosen and rejected rewards swapped"),
     (_with_loss(lambda pc, pr, rc, rr, c, r, b: -F.logsigmoid(b * b * (c - r))), "β applied twice"),
+    (_with_loss(lambda pc, pr, rc, rr, c, r, b: -b * (c - r)), "no log σ"),
+    (_with_loss(lambda pc, pr, rc, rr, c, r, b: -F.logsigmoid(b * ((pc - rc) - (pr + rr)))),
+     "a sign slipped in the margin (log π_ref,r)"),
+    (_with_loss(lambda pc, pr, rc, rr, c, r, b: -F.logsigmoid(b * ((pc + rc) - pr + rr))),
+     "a sign slipped in the margin (log π_ref,c)"),
+    (lambda pc, pr, rc, rr, b: (lambda o: (o[1], o[2], o[0]))(LOSS(pc, pr, rc, rr, b)),
+     "the three results returned in another order"),
     (lambda pc, pr, rc, rr, b: (-F.logsigmoid(b * ((rc - pc) - (rr - pr))), (b * (rc - pc)).detach(),
                                 (b * (rr - pr)).detach()), "the log-ratios taken the other way round"),
 ])
@@ -149,8 +156,8 @@ def train(sft_model, input_ids, labels, beta, lr, steps, freeze="no_grad", optim
     both = nn.ModuleDict({"policy": policy, "reference": reference})
     optimizer = torch.optim.AdamW((both if optimize == "both" else policy).parameters(), lr=lr)
     for _ in range(steps):
-        if slip == "optimizer":
-            optimizer = torch.optim.AdamW(policy.parameters(), lr=lr)
+        if slip in ("optimizer", "sgd"):  # (SGD: made anew each step, as it keeps no state)
+            optimizer = (torch.optim.SGD if slip == "sgd" else torch.optim.AdamW)(policy.parameters(), lr=lr)
         chosen, rejected = chosen_rejected_log_probs(policy, input_ids, labels)
         if freeze == "no_grad":
             with torch.no_grad():
@@ -162,6 +169,8 @@ def train(sft_model, input_ids, labels, beta, lr, steps, freeze="no_grad", optim
             ref_chosen, ref_rejected = chosen_rejected_log_probs(reference, input_ids, labels)
         if slip == "swapped":
             ref_chosen, ref_rejected = ref_rejected, ref_chosen
+        if slip == "reference_first":
+            chosen, rejected, ref_chosen, ref_rejected = ref_chosen, ref_rejected, chosen, rejected
         loss = dpo_loss(chosen, rejected, ref_chosen, ref_rejected, beta).losses.mean()
         optimizer.zero_grad()
         loss.backward()
@@ -223,7 +232,12 @@ def test_dpo_fix_a_reference_taken_from_the_policy_and_a_policy_that_stands_stil
 
     assert failure(check_dpo_fix, slipped("optimizer")).mistake == "AdamW's state reset every step"
     assert failure(check_dpo_fix, slipped("swapped")).mistake == "the reference's chosen and rejected swapped"
+    assert failure(check_dpo_fix, slipped("sgd")).mistake == "another optimizer than AdamW"
+    err = failure(check_dpo_fix, slipped("reference_first"))
+    assert err.mistake == "the policy's and the reference's log-probabilities traded places" and "REJECTED" in str(err)
     assert passes(check_dpo_fix, slipped(""))
+    err = failure(check_dpo_fix, lambda m, i, l, b, lr, s: train(m, i, l, 3 * b, lr, s))
+    assert "mean log-ratio margin" in str(err)
 
     err = failure(check_dpo_fix, reference_trained_policy_not)
     assert err.mistake == "the reference trained, the policy not" and "did not change" in str(err)

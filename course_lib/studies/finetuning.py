@@ -2,7 +2,8 @@
 training everything, the head, the last block, LayerNorms and biases (BitFit) or LoRA adapters
 (``make finetuning`` stores them per float path; the lesson loads them instead of training them live).
 
-    base, plays = train_base()                   # lesson 09's GPT, the COURSE recipe (~20 s)
+    base, plays = load_base()                    # lesson 09's GPT as train_base(seed=0) trains it
+    base, plays = train_base()                   # the same, trained again (~30 s on one core)
     run = finetune(base, "lora", r=4)            # a copy of base, 300 steps on the poems
     run.poems_val[-1], run.plays_val[-1]         # validation losses after the last step
     load_finetuning_results()["paths"]["avx512"] # {"modes": [...], "full": [...], "ranks": [...]}
@@ -43,12 +44,14 @@ from __future__ import annotations
 import copy
 import datetime
 import functools
+import hashlib
+import io
 import json
 import math
 import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import torch
@@ -56,7 +59,7 @@ from torch import nn
 
 from ..attention import set_fused_attention
 from ..data.shakespeare import VALIDATION_POEMS, ShakespeareCorpus, read_poems
-from ..gpt import GPT, lm_loss
+from ..gpt import GPT, GPTConfig, lm_loss
 from ..lm_training import COURSE, evaluate_lm, lm_optimizer, train_lm, warmup_cosine
 from ..lora import add_lora, lora_parameters
 from .stored import RESULTS_DIR, float_path
@@ -64,7 +67,8 @@ from .stored import RESULTS_DIR, float_path
 __all__ = ["MODES", "LR", "VAL_WINDOWS", "RANKS", "RANK_SCALINGS", "FinetuneRun", "corpora",
            "validation_batches", "train_base", "mode_parameters", "state_bytes", "finetune",
            "PARTS", "run_finetuning_study", "save_finetuning_results", "load_finetuning_results",
-           "FORMAT_VERSION"]
+           "FORMAT_VERSION", "BASE_FILE", "BASE_SHA256", "BASE_FLOAT_PATH", "file_sha256", "save_model_file",
+           "load_model_file", "save_base", "load_base"]
 
 MODES = ("full", "head", "last_block", "bitfit", "lora")
 LR = {"full": 3e-3, "head": 1e-2, "last_block": 3e-3, "bitfit": 1e-2, "lora": 1e-2}
@@ -143,6 +147,76 @@ def train_base(seed: int = 0) -> tuple[GPT, ShakespeareCorpus]:
     on 2 quiet cores; the same weights on every run of a float path."""
     plays, _ = corpora()
     return train_lm(plays, COURSE, seed=seed, progress=False).model, plays
+
+
+BASE_FILE = RESULTS_DIR / "finetuning_base.pt"
+# The sha256 of the stored file: train_base(seed=0), 1 thread, float path BASE_FLOAT_PATH, torch 2.13.0.
+BASE_SHA256 = "ba0e2961028616fead1195bc2df19e20af94ce58aeeda407a4d4004ae7f668fd"
+BASE_FLOAT_PATH = "avx512"
+
+
+def file_sha256(path: Path | str) -> str:
+    """The sha256 of the file at ``path``, as 64 hex digits."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def save_model_file(model: GPT, path: Path | str, **meta) -> str:
+    """Write ``{"config": asdict(model.config), "state_dict": ..., **meta}`` to ``path`` and return the
+    file's sha256. ``meta``: what made the weights (float path, recipe, steps, seed, ...): numbers,
+    strings, lists and dicts of them. The bytes depend only on the contents (not on ``path``'s name),
+    so the same weights give the same file and the same sha256."""
+    buffer = io.BytesIO()  # saved from memory: torch.save names the archive after a file's name
+    torch.save({"config": asdict(model.config), "state_dict": model.state_dict(), **meta}, buffer)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(buffer.getvalue())
+    return file_sha256(path)
+
+
+def load_model_file(path: Path | str, sha256: str, make: str, who: str) -> tuple[GPTConfig, dict, dict]:
+    """``(config, state_dict, meta)`` from ``save_model_file``'s file at ``path``, once its sha256 is
+    ``sha256``. A missing file, or one whose sha256 differs (a partial download, another run's
+    weights), raises an error that says to run ``make {make}`` (``who``: the function that asks)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{who}: the trained model {path} is missing; run `make {make}` to train and "
+                                "write it (or get the file again from the course's repository)")
+    found = file_sha256(path)
+    if found != sha256:
+        raise ValueError(f"{who}: {path} is not the stored model (sha256 {found[:12]}..., expected "
+                         f"{sha256[:12]}...); run `make {make}` to write it again (or get the file again "
+                         "from the course's repository)")
+    saved = torch.load(path, map_location="cpu", weights_only=True)
+    config = GPTConfig(**saved.pop("config"))
+    return config, saved.pop("state_dict"), saved
+
+
+def save_base(path: Path | str = BASE_FILE, seed: int = 0) -> tuple[Path, str]:
+    """Train ``train_base(seed)`` on this machine's threads and float path and store it at ``path``
+    with the seed, the recipe, the float path, the threads and the torch version; returns ``(path,
+    sha256)``. ``make bases`` runs it with 1 thread: on float path ``BASE_FLOAT_PATH`` it writes the
+    file ``BASE_SHA256`` names again, bit for bit."""
+    model, _ = train_base(seed)
+    sha = save_model_file(model, path, function=f"train_base(seed={seed})", seed=seed, recipe=asdict(COURSE),
+                          steps=COURSE.num_steps, float_path=float_path(), threads=torch.get_num_threads(),
+                          torch=str(torch.__version__))
+    return Path(path), sha
+
+
+def load_base(path: Path | str | None = None, sha256: str | None = None) -> tuple[GPT, ShakespeareCorpus]:
+    """What ``train_base(seed=0)`` returns, from the stored file: ``(model in eval mode, the plays
+    corpus)``, the weights those of 1 thread on float path ``BASE_FLOAT_PATH``. It builds the model as
+    training does (``torch.manual_seed(seed)``, then ``GPT(config)``), so torch's global generator is
+    left where training leaves it and a lesson's later random draws are the same. The file's sha256
+    must be ``sha256``; else a clear error says to run `make bases`. Defaults: ``BASE_FILE`` and
+    ``BASE_SHA256``, read when called."""
+    config, state_dict, meta = load_model_file(BASE_FILE if path is None else path,
+                                               BASE_SHA256 if sha256 is None else sha256, "bases", "load_base")
+    plays, _ = corpora()
+    torch.manual_seed(meta["seed"])  # as train_lm: the same draws for the initial weights
+    model = GPT(config)
+    model.load_state_dict(state_dict)
+    return model.eval(), plays
 
 
 def _check_int(value, name: str, minimum: int) -> int:

@@ -3,7 +3,8 @@ answers the judge accepts (DPO), scored by the judge on held-out instructions (`
 stores them per float path; the lesson loads them instead of training them live).
 
     data = chat_data()                               # instructions, the plays corpus, the chat template
-    base = train_chat_base(seed=0)                   # lesson 09's recipe at 128 positions, grown by 3 ids
+    base = load_chat_base()                          # train_chat_base(seed=0), stored (`make bases`)
+    base = train_chat_base(seed=0)                   # the same, trained again (about a minute on one core)
     run = sft(base, steps=SFT_STEPS)                 # a copy of base, the loss on the answers only
     evaluate(run.model, data.instructions.heldout)   # {"score": {...}, "stopped": ..., "by_play": {...}}
     pairs = preference_pairs(run.model, pair_instructions(), samples=4, seed=0)
@@ -16,7 +17,10 @@ to ~110 tokens: ``<|user|>`` + a prompt of up to 45 characters + ``<|end|><|assi
 up to 60 + ``<|end|>``), then ``grow_embeddings(model, 3)`` for the template's three tokens (rows the
 mean of the old rows). Lesson 09's own model has 64 positions: too few. The study trains one base
 (seed 0) and varies the seed of everything after it (SFT's batches, the sampled answers, DPO's
-batches).
+batches). The stored base (``course_lib/results/instruct_base.pt``, ``make bases``) is what
+``train_chat_base(seed=0)`` returns with one thread on float path ``CHAT_BASE_FLOAT_PATH``, with its
+config, recipe, seed, float path and torch version; ``load_chat_base`` checks its sha256 against
+``CHAT_BASE_SHA256``.
 
 The data (``course_lib.data.instructions.InstructionSet(seed=0)``): SFT trains on the training
 instructions except the last ``DEV`` (the dev split: every setting here was chosen on it, never on the
@@ -70,7 +74,7 @@ import math
 import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -83,13 +87,15 @@ from ..dpo import chosen_rejected_log_probs, dpo_loss, preference_batch, reward_
 from ..gpt import GPT
 from ..lm_training import COURSE, evaluate_lm, lm_optimizer, train_lm, warmup_cosine
 from ..sft import sft_batch, sft_example, sft_loss
-from .stored import RESULTS_DIR, load_runs, save_runs
+from .finetuning import load_model_file, save_model_file
+from .stored import RESULTS_DIR, float_path, load_runs, save_runs
 
 __all__ = ["MAX_LEN", "DEV", "EVAL_SAMPLES", "PAIR_INSTRUCTIONS", "MAX_NEW_TOKENS", "PLAYS_WINDOWS", "SFT_STEPS",
            "SFT_LR", "SFT_BATCH", "DPO_STEPS", "DPO_LR", "DPO_BATCH", "BETAS", "SAMPLES", "ChatData", "chat_data",
            "train_chat_base", "plays_loss", "evaluate", "SFTRun", "sft", "Pairs", "preference_pairs",
            "pair_instructions", "DPORun", "dpo", "kl_from_reference", "study_seed", "run_instruct_study",
-           "save_instruct_results", "load_instruct_results", "mean_spread", "RESULTS_NAME"]
+           "save_instruct_results", "load_instruct_results", "mean_spread", "RESULTS_NAME", "CHAT_BASE_FILE",
+           "CHAT_BASE_SHA256", "CHAT_BASE_FLOAT_PATH", "save_chat_base", "load_chat_base"]
 
 MAX_LEN = 128
 DEV = 300  # the last training instructions: the dev split, for choosing settings
@@ -102,6 +108,10 @@ DPO_STEPS, DPO_LR, DPO_BATCH = 60, 1e-4, 16
 BETAS = (0.05, 0.1, 0.5)
 SAMPLES = 4
 RESULTS_NAME = "instruct"
+CHAT_BASE_FILE = RESULTS_DIR / "instruct_base.pt"
+# The sha256 of the stored file: train_chat_base(seed=0), 1 thread, float path CHAT_BASE_FLOAT_PATH, torch 2.13.0.
+CHAT_BASE_SHA256 = "27f51dc21ca276e79fb132c464f31d4b33e8f83a35df18f8b59f036349d0e3ba"
+CHAT_BASE_FLOAT_PATH = "avx512"
 
 
 @dataclass(frozen=True)
@@ -167,6 +177,36 @@ def train_chat_base(seed: int = 0, max_len: int = MAX_LEN, steps: int = COURSE.n
     recipe = replace(COURSE, block_size=max_len, num_steps=steps, warmup=min(COURSE.warmup, steps - 1))
     model = train_lm(chat_data().corpus, recipe, seed=seed, progress=False).model
     return grow_embeddings(model, len(SPECIAL_TOKENS)).eval()
+
+
+def save_chat_base(path: Path | str = CHAT_BASE_FILE, seed: int = 0) -> tuple[Path, str]:
+    """Train ``train_chat_base(seed)`` on this machine's threads and float path and store it at
+    ``path`` with the seed, the recipe (``COURSE`` at ``MAX_LEN`` positions), the float path, the
+    threads and the torch version; returns ``(path, sha256)``. ``make bases`` runs it with 1 thread:
+    on float path ``CHAT_BASE_FLOAT_PATH`` it writes the file ``CHAT_BASE_SHA256`` names again."""
+    model = train_chat_base(seed)
+    recipe = replace(COURSE, block_size=MAX_LEN)
+    sha = save_model_file(model, path, function=f"train_chat_base(seed={seed})", seed=seed, recipe=asdict(recipe),
+                          steps=recipe.num_steps, new_tokens=len(SPECIAL_TOKENS), float_path=float_path(),
+                          threads=torch.get_num_threads(), torch=str(torch.__version__))
+    return Path(path), sha
+
+
+def load_chat_base(path: Path | str | None = None, sha256: str | None = None) -> GPT:
+    """What ``train_chat_base(seed=0)`` returns, from the stored file (eval mode; the weights of 1
+    thread on float path ``CHAT_BASE_FLOAT_PATH``). It builds the model as training does
+    (``torch.manual_seed(seed)``, ``GPT`` with the plays' characters, then ``grow_embeddings``), so
+    torch's global generator is left where training leaves it and a lesson's later random draws are
+    the same. The file's sha256 must be ``sha256``; else a clear error says to run `make bases`.
+    Defaults: ``CHAT_BASE_FILE`` and ``CHAT_BASE_SHA256``, read when called."""
+    config, state_dict, meta = load_model_file(CHAT_BASE_FILE if path is None else path,
+                                               CHAT_BASE_SHA256 if sha256 is None else sha256, "bases",
+                                               "load_chat_base")
+    torch.manual_seed(meta["seed"])  # as train_lm: the same draws for the initial weights
+    model = GPT(replace(config, vocab_size=config.vocab_size - meta["new_tokens"]))
+    model = grow_embeddings(model, meta["new_tokens"])  # (V, d) -> (V + 3, d), drawing as training did
+    model.load_state_dict(state_dict)
+    return model.eval()
 
 
 @functools.lru_cache(maxsize=2)

@@ -92,38 +92,71 @@ Old names, kept importable until Part IV is complete (docs/developers.md): ``tas
 ``adam_betas``, ``dates_remedy``, ``tokens_vs_chars``, ``ablation``, ``extrapolation``, ``grade``.
 """
 
-from .attention import (
-    MultiHeadAttention,
-    scaled_dot_product_attention,
-    set_fused_attention,
-)
-from .data.copy_task import CopyTask, Vocab, pad_sequences
-from .decoding import beam_search, greedy_decode, sample
-from .embeddings import (
-    LearnedPositionalEmbedding,
-    SinusoidalPositionalEncoding,
-    TokenEmbedding,
-    TransformerEmbedding,
-    sinusoidal_positional_encoding,
-)
-from .layers import Decoder, DecoderLayer, Encoder, EncoderLayer, FeedForward
-from .masks import causal_mask, decoder_self_attention_mask, padding_mask
-from .model import (
-    Transformer,
-    TransformerClassifier,
-    TransformerConfig,
-    TransformerEncoderModel,
-    count_parameters,
-    init_xavier_,
-)
-from .tracing import disable_shape_tracing, enable_shape_tracing, shape_tracing
-from .training import (
-    LabelSmoothingLoss,
-    exact_match,
-    noam_lr,
-    noam_scheduler,
-    train,
-    train_copy_task,
-)
+from __future__ import annotations
 
+import importlib
+from typing import Any
+
+# What ``from course_lib import X`` gives, and the module that defines it. A module is imported the
+# first time one of its names is asked for, so the parts that need no torch (the grader, the data
+# fetcher) start without importing it: about 1.5 s less for every grader process.
+_EXPORTS = {
+    "MultiHeadAttention": "attention",
+    "scaled_dot_product_attention": "attention",
+    "set_fused_attention": "attention",
+    "CopyTask": "data.copy_task",
+    "Vocab": "data.copy_task",
+    "pad_sequences": "data.copy_task",
+    "beam_search": "decoding",
+    "greedy_decode": "decoding",
+    "sample": "decoding",
+    "LearnedPositionalEmbedding": "embeddings",
+    "SinusoidalPositionalEncoding": "embeddings",
+    "TokenEmbedding": "embeddings",
+    "TransformerEmbedding": "embeddings",
+    "sinusoidal_positional_encoding": "embeddings",
+    "Decoder": "layers",
+    "DecoderLayer": "layers",
+    "Encoder": "layers",
+    "EncoderLayer": "layers",
+    "FeedForward": "layers",
+    "causal_mask": "masks",
+    "decoder_self_attention_mask": "masks",
+    "padding_mask": "masks",
+    "Transformer": "model",
+    "TransformerClassifier": "model",
+    "TransformerConfig": "model",
+    "TransformerEncoderModel": "model",
+    "count_parameters": "model",
+    "init_xavier_": "model",
+    "disable_shape_tracing": "tracing",
+    "enable_shape_tracing": "tracing",
+    "shape_tracing": "tracing",
+    "LabelSmoothingLoss": "training",
+    "exact_match": "training",
+    "noam_lr": "training",
+    "noam_scheduler": "training",
+    "train": "training",
+    "train_copy_task": "training",
+}
+__all__ = sorted(_EXPORTS)
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    """``course_lib.X``: a name of ``_EXPORTS`` from its module, or a submodule (``course_lib.training``)."""
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+        globals()[name] = value  # asked once
+        return value
+    if not name.startswith("_"):
+        try:
+            return importlib.import_module(f".{name}", __name__)
+        except ModuleNotFoundError as err:
+            if err.name != f"{__name__}.{name}":
+                raise
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -221,7 +221,7 @@ def _matches(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> bool:
     if not torch.equal(torch.isfinite(f64(got)), finite):
         return False
     return bool(torch.allclose(f64(got)[finite], f64(want)[finite], atol=atol * max(1.0, float(
-        f64(want)[finite].abs().max()) if finite.any() else 1.0), rtol=1e-5))
+        f64(want)[finite].abs().max()) if finite.any() else 1.0), rtol=1e-10 if dtype == torch.float64 else 1e-5))
 
 
 def _name(got: torch.Tensor, variants, dtype, case: str, what: str, want: torch.Tensor) -> None:
@@ -291,6 +291,11 @@ def check_dpo_loss(fn: Callable[..., Any]) -> None:
                         "training loop takes the mean." if what == "losses" and t.dim() == 0 else "")
                 raise CheckFailure(f"Your {what} has shape {tuple(t.shape)}, expected ({B},) ({case}).{more}",
                                    mistake="the mean returned instead of (B,)" if more else None)
+            if dtype == torch.float64 and t.dtype != torch.float64:
+                name = "float64 inputs computed in a lower precision"
+                raise CheckFailure(f"Likely mistake ({case}): {name}. Your {what} are {t.dtype} for float64 "
+                                   "inputs: return them in float64, at float64 precision (the lesson compares "
+                                   "your loss with TRL's to 1e-12).", mistake=name)
         ref = [f64(t) for t in inputs]
         want = _reference(*ref, beta)
         got_losses = plain(losses, "your losses")
@@ -424,9 +429,17 @@ def check_dpo_fix(fn: Callable[..., Any]) -> None:
             logits0 = before(ids)
         with time_limit(LIMIT_SECONDS * 2, f"Your function ran for more than {2 * LIMIT_SECONDS} s "
                                            f"({case}): {steps} steps on a tiny model take well under a second."):
-            out = run_learner(fn, sft_model, ids.clone(), labels.clone(), beta, lr, steps, case=case,
-                              hint="It was given a tiny GPT (float64), input_ids and labels (6, 20), "
-                                   f"beta={beta}, lr={lr}, steps={steps}.")
+            try:
+                out = run_learner(fn, sft_model, ids.clone(), labels.clone(), beta, lr, steps, case=case,
+                                  hint="It was given a tiny GPT (float64), input_ids and labels (6, 20), "
+                                       f"beta={beta}, lr={lr}, steps={steps}.")
+            except CheckFailure as err:
+                if "does not require grad" not in str(err):
+                    raise
+                raise CheckFailure(f"Your function stopped at the first backward() ({case}): the loss it "
+                                   "computed carries no gradient at all, so nothing of the policy's log-"
+                                   f"probabilities was in autograd's graph. ({err})",
+                                   mistake="the policy's log-probabilities outside autograd") from None
         if not isinstance(out, (tuple, list)) or len(out) != 2 or not all(isinstance(m, nn.Module) for m in out):
             raise CheckFailure(f"Return (policy, reference), two models, as the function of the exercise "
                                f"does; got {type(out).__name__} ({case}).")

@@ -138,6 +138,9 @@ def check_label_count(fn: Callable[[], Any]) -> None:
         (len(LABEL_INSTRUCTION) + 1, "the instruction and an <|end|> counted",
          "the instruction is the prompt, whose labels are -100; the answer's characters and its <|end|> "
          "carry loss"),
+        (total - 2, "the whole length less two",
+         "with the loss on the answer only, every prompt position carries -100: count the answer's "
+         "positions, not the sequence's"),
         (a + 7, "<|end|> counted as its 7 characters",
          "<|end|> is one token, one id (the template adds it to the vocabulary): the answer's characters "
          "and that one id carry loss"),
@@ -266,6 +269,10 @@ def check_sft_labels(fn: Callable[..., Any]) -> None:
              "the loss goes on the answer (and its end), the prompt gets -100"),
         ]
         variants += [
+            ("the labels shifted right (each position labelled with the token before it)",
+             [IGNORE] * (P + 1) + answer,
+             "labels lie under input_ids, position for position: the label of position t is input_ids[t] "
+             "itself (the loss does the shift)"),
             ("the answer's first token masked too", [IGNORE] * (P + 1) + answer[1:] + [end],
              f"position {P}, the answer's first token, holds -100: the model is never taught the first "
              "token of an answer. Only the prompt's positions are -100"),
@@ -322,6 +329,7 @@ _LOGP_CASES = [
     ("N=5, V=120, prompts of 1 to 8, right padding, float64", 5, (8, 1, 4, 2, 6), (2, 9, 1, 5, 3), 120,
      torch.float64),
     ("N=1, V=300, float32", 1, (4,), (6,), 300, torch.float32),
+    ("N=2, V=300, answers of 90 and 70 tokens, float32", 2, (3, 5), (90, 70), 300, torch.float32),
 ]
 
 
@@ -471,6 +479,18 @@ def check_sequence_log_probs(fn: Callable[..., Any]) -> None:
         if not value.is_floating_point():
             raise CheckFailure(f"Your result has dtype {value.dtype} ({case}): log-probabilities are "
                                "floats.")
+        if value.shape == expected.shape and not torch.isfinite(value).all():
+            rows = [i for i in range(N) if not torch.isfinite(value[i])]
+            if float(expected[rows[0]]) > -80:
+                raise CheckFailure(f"Your log-probabilities hold {float(value[rows[0]])} for row {rows[0]} "
+                                   f"({case}), where the sum of its answer's log-probabilities is "
+                                   f"{float(expected[rows[0]]):.3g}. Print the per-token values of that row.")
+            name = "a product of probabilities, then the log"
+            raise CheckFailure(f"Likely mistake ({case}): {name}? Your log-probabilities are "
+                               f"{float(value[rows[0]])} for row {rows[0]}, whose answer's log-probability is "
+                               f"{float(expected[rows[0]]):.0f}: e to that power is below the smallest float32, so "
+                               "a product of the tokens' probabilities rounds to 0 on long answers. Sum the "
+                               "tokens' log-probabilities.", mistake=name)
         if value.shape != expected.shape or not torch.allclose(f64(value), expected, atol=1e-4, rtol=1e-5):
             for name, hint, compute in _logp_variants(logits, labels):
                 try:

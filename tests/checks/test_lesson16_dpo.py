@@ -135,6 +135,18 @@ def test_dpo_loss_mistakes_named(fn, name):
     assert failure(check_dpo_loss, fn).mistake.startswith(name)
 
 
+def test_dpo_loss_float64_inputs_need_float64_results():
+    def in_float32(pc, pr, rc, rr, b):
+        return tuple(t.float() for t in LOSS(*(t.float() for t in (pc, pr, rc, rr)), b))
+
+    assert failure(check_dpo_loss, in_float32).mistake == "float64 inputs computed in a lower precision"
+
+    def float64_inside(pc, pr, rc, rr, b):  # float32 in, float64 out: right
+        return LOSS(*(t.double() for t in (pc, pr, rc, rr)), b)
+
+    assert passes(check_dpo_loss, float64_inside)
+
+
 def test_dpo_loss_bad_input_and_refusal():
     assert "return three" in str(failure(check_dpo_loss, lambda pc, pr, rc, rr, b: -F.logsigmoid(b * (pc - pr))))
     assert "very thing" in str(failure(check_dpo_loss, dpo_loss))
@@ -233,6 +245,22 @@ def test_dpo_fix_a_reference_taken_from_the_policy_and_a_policy_that_stands_stil
     assert failure(check_dpo_fix, slipped("optimizer")).mistake == "AdamW's state reset every step"
     assert failure(check_dpo_fix, slipped("swapped")).mistake == "the reference's chosen and rejected swapped"
     assert failure(check_dpo_fix, slipped("sgd")).mistake == "another optimizer than AdamW"
+
+    def all_no_grad(sft_model, input_ids, labels, beta, lr, steps):
+        policy, reference = copy.deepcopy(sft_model), copy.deepcopy(sft_model)
+        optimizer = torch.optim.AdamW(policy.parameters(), lr=lr)
+        for _ in range(steps):
+            with torch.no_grad():
+                chosen, rejected = chosen_rejected_log_probs(policy, input_ids, labels)
+                ref_chosen, ref_rejected = chosen_rejected_log_probs(reference, input_ids, labels)
+            loss = dpo_loss(chosen, rejected, ref_chosen, ref_rejected, beta).losses.mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        return policy, reference
+
+    err = failure(check_dpo_fix, all_no_grad)
+    assert err.mistake == "the policy's log-probabilities outside autograd" and "no_grad" not in str(err)
     err = failure(check_dpo_fix, slipped("reference_first"))
     assert err.mistake == "the policy's and the reference's log-probabilities traded places" and "REJECTED" in str(err)
     assert passes(check_dpo_fix, slipped(""))

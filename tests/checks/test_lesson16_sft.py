@@ -43,7 +43,7 @@ def test_label_count_right_answers_pass():
     (8, "the answer's words counted"), (9, "the answer's words (and <|end|>) counted"),
     (39, "one taken off for the shift, and the end token forgotten"), (1, "only <|end|> counted"),
     (30, "the instruction and an <|end|> counted"), (44, "the answer and all four special tokens counted"),
-    (47, "<|end|> counted as its 7 characters")])
+    (47, "<|end|> counted as its 7 characters"), (71, "the whole length less two")])
 def test_label_count_mistakes_named(value, name):
     err = failure(check_label_count, lambda: value)
     assert err.mistake is not None and err.mistake.startswith(name)
@@ -125,6 +125,9 @@ def _variant(labels_of, ids_of=lambda p, a, e: p + a + [e]):
     (lambda p, a, e: ([-100] * len(p) + a + [e], p + a + [e]), "input_ids and labels returned in the other order"),
     (_variant(lambda p, a, e: [-100 if t in set(p) else t for t in p + a + [e]]),
      "tokens masked by their id, not by their position"),
+    # tryout 16b's held half
+    (_variant(lambda p, a, e: [-100] * (len(p) + 1) + a),
+     "the labels shifted right (each position labelled with the token before it)"),
 ])
 def test_sft_labels_mistakes_named(fn, name):
     assert failure(check_sft_labels, fn).mistake == name
@@ -212,6 +215,17 @@ def _masked_sum(logp, target, counted):
 ])
 def test_sequence_log_probs_tryout_16a_mistakes_named(fn, name):
     assert failure(check_sequence_log_probs, fn).mistake.startswith(name)
+
+
+def test_sequence_log_probs_a_product_of_probabilities_underflows_on_long_answers():
+    def product_then_log(logits, labels):
+        p = logits[:, :-1].softmax(-1)
+        y = labels[:, 1:]
+        picked = p.gather(-1, y.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+        return torch.where(y != -100, picked, torch.ones_like(picked)).prod(-1).log()
+
+    err = failure(check_sequence_log_probs, product_then_log)
+    assert err.mistake == "a product of probabilities, then the log" and "90 and 70 tokens" in str(err)
 
 
 def test_sequence_log_probs_cross_entropy_with_the_classes_last_is_named():

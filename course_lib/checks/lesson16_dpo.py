@@ -86,6 +86,8 @@ def check_dpo_at_start(fn: Callable[[], Any]) -> None:
          "the reference, so every log-ratio is 0"),
         (2 * right, "2 log 2", "one loss per pair, -log σ(margin), not one per answer"),
         (math.log(1 + math.e), "-log σ(-1)", "the margin is 0"),
+        (math.log(1 + math.exp(-1)), "-log σ(1)", "the margin is 0, not 1: the policy equals the reference, so "
+         "every log-ratio is 0"),
         (0.25, "σ'(0) = 0.25", "that is the slope of σ at 0, not the loss"),
         (right / 2, "log 2 / 2", "each pair has one loss, -log σ(margin), and the batch's loss is their "
          "mean over the pairs; the chosen and rejected answers are not averaged as rows of their own"),
@@ -409,7 +411,8 @@ def _dpo_right(sft_model: nn.Module, ids: torch.Tensor, labels: torch.Tensor, be
         if slip == "reference_first":
             chosen, rejected, ref_chosen, ref_rejected = ref_chosen, ref_rejected, chosen, rejected
         loss = dpo_loss(chosen, rejected, ref_chosen, ref_rejected, beta).losses.mean()
-        optimizer.zero_grad()
+        if slip != "no_zero_grad":
+            optimizer.zero_grad()
         loss.backward()
         optimizer.step()
     return policy
@@ -444,6 +447,10 @@ def check_dpo_fix(fn: Callable[..., Any]) -> None:
             raise CheckFailure(f"Return (policy, reference), two models, as the function of the exercise "
                                f"does; got {type(out).__name__} ({case}).")
         policy, reference = out
+        if policy is reference:
+            raise CheckFailure(f"After your function ran ({case}), the two models it returns are one and the "
+                               "same object: whatever trains the policy changes the reference too.",
+                               mistake="policy and reference one object")
         with torch.no_grad():
             given = sft_model(ids)
             ref_logits, policy_logits = reference(ids), policy(ids)
@@ -502,6 +509,9 @@ def check_dpo_fix(fn: Callable[..., Any]) -> None:
                                     "the policy trained to prefer the REJECTED answers: as if the loss had "
                                     "been given the reference's log-probabilities where the policy's go"),
             }
+            slips["no_zero_grad"] = ("the gradients never zeroed", "the policy is what DPO gives when each "
+                                     "step's gradients are added to all the earlier steps' before AdamW "
+                                     "uses them")
             for slip, (name, observed) in slips.items():
                 alt_model = _dpo_right(before, ids, labels, beta, lr, steps, slip)
                 with torch.no_grad():

@@ -141,6 +141,9 @@ def check_label_count(fn: Callable[[], Any]) -> None:
         (total - 2, "the whole length less two",
          "with the loss on the answer only, every prompt position carries -100: count the answer's "
          "positions, not the sequence's"),
+        (len(LABEL_INSTRUCTION) + a + 1, "the instruction and the answer (and <|end|>) counted",
+         "the instruction is the prompt: its labels are -100; only the answer's characters and its "
+         "<|end|> carry loss"),
         (a + 7, "<|end|> counted as its 7 characters",
          "<|end|> is one token, one id (the template adds it to the vocabulary): the answer's characters "
          "and that one id carry loss"),
@@ -419,6 +422,10 @@ def _logp_variants(logits: torch.Tensor, labels: torch.Tensor) -> list[tuple[str
         ("no shift (logits[:, t] scored on labels[:, t])",
          "position t's logits predict the NEXT token: score logits[:, :-1] on labels[:, 1:]",
          lambda: picked(lp, shift=False)[0].sum(1)),
+        ("the mean over every position (the prompt's and the padding's too) instead of the sum",
+         "log π(y|x) is the SUM of the answer's tokens' log p; the positions labelled -100 add nothing "
+         "and count for nothing",
+         lambda: right.sum(1) / right.size(1)),
         ("the mean over tokens instead of the sum",
          "log π(y|x) is the log-probability of the whole answer: the SUM of its tokens' log p",
          lambda: right.sum(1) / keep.sum(1)),

@@ -40,7 +40,7 @@ def test_dpo_at_start_right_answers_pass():
     (0.0, "0"), (0.5, "σ(0) = 0.5 itself"), (1.0, "1"), (-0.6931, "log 2 with the sign flipped"),
     (0.06931, "log 2 times β"), (6.931, "log 2 divided by β"), (0.6444, "-log σ(β)"),
     (1.3863, "2 log 2"), (0.25, "σ'(0) = 0.25"), (0.3466, "log 2 / 2"), (0.0953, "log(1 + β)"),
-    (0.7444, "-log σ(-β)"), (0.30103, "log₁₀ 2"), (16 * math.log(2), "log 2 summed over the pairs"),
+    (0.7444, "-log σ(-β)"), (0.3133, "-log σ(1)"), (0.30103, "log₁₀ 2"), (16 * math.log(2), "log 2 summed over the pairs"),
     (11.09, "log 2 summed over the pairs"), (0.7, "rounded too far"), (0.69, "rounded too far"),
     (math.log(86), "ln of a vocabulary size"), (math.log(1000), "ln of a vocabulary size")])
 def test_dpo_at_start_mistakes_named(value, name):
@@ -168,6 +168,8 @@ def train(sft_model, input_ids, labels, beta, lr, steps, freeze="no_grad", optim
     both = nn.ModuleDict({"policy": policy, "reference": reference})
     optimizer = torch.optim.AdamW((both if optimize == "both" else policy).parameters(), lr=lr)
     for _ in range(steps):
+        if slip == "no_zero_grad":
+            optimizer.zero_grad = lambda *a, **k: None
         if slip in ("optimizer", "sgd"):  # (SGD: made anew each step, as it keeps no state)
             optimizer = (torch.optim.SGD if slip == "sgd" else torch.optim.AdamW)(policy.parameters(), lr=lr)
         chosen, rejected = chosen_rejected_log_probs(policy, input_ids, labels)
@@ -245,6 +247,13 @@ def test_dpo_fix_a_reference_taken_from_the_policy_and_a_policy_that_stands_stil
     assert failure(check_dpo_fix, slipped("optimizer")).mistake == "AdamW's state reset every step"
     assert failure(check_dpo_fix, slipped("swapped")).mistake == "the reference's chosen and rejected swapped"
     assert failure(check_dpo_fix, slipped("sgd")).mistake == "another optimizer than AdamW"
+    assert failure(check_dpo_fix, slipped("no_zero_grad")).mistake == "the gradients never zeroed"
+
+    def one_object(sft_model, input_ids, labels, beta, lr, steps):
+        policy, _ = train(sft_model, input_ids, labels, beta, lr, steps)
+        return policy, policy
+
+    assert failure(check_dpo_fix, one_object).mistake == "policy and reference one object"
 
     def all_no_grad(sft_model, input_ids, labels, beta, lr, steps):
         policy, reference = copy.deepcopy(sft_model), copy.deepcopy(sft_model)

@@ -43,7 +43,8 @@ def test_label_count_right_answers_pass():
     (8, "the answer's words counted"), (9, "the answer's words (and <|end|>) counted"),
     (39, "one taken off for the shift, and the end token forgotten"), (1, "only <|end|> counted"),
     (30, "the instruction and an <|end|> counted"), (44, "the answer and all four special tokens counted"),
-    (47, "<|end|> counted as its 7 characters"), (71, "the whole length less two")])
+    (47, "<|end|> counted as its 7 characters"), (71, "the whole length less two"),
+    (70, "the instruction and the answer (and <|end|>) counted")])
 def test_label_count_mistakes_named(value, name):
     err = failure(check_label_count, lambda: value)
     assert err.mistake is not None and err.mistake.startswith(name)
@@ -207,6 +208,8 @@ def _masked_sum(logp, target, counted):
      "the mask taken from the unshifted labels"),
     (lambda x, y: _masked_sum(x[:, :-1].log_softmax(1), y[:, 1:], y[:, 1:] != -100),
      "log_softmax over the positions (dim 1), after the shift"),
+    (lambda x, y: _masked_sum(x[:, :-1].log_softmax(-1), y[:, 1:], y[:, 1:] != -100) / (y.size(1) - 1),
+     "the mean over every position"),
     (lambda x, y: _masked_sum(x[:, :-1].log_softmax(-1), y[:, 1:], y[:, 1:] == -100),
      "the positions labelled -100 summed"),
     (lambda x, y: _masked_sum(x[:, :-1].log_softmax(-1), y[:, 1:],

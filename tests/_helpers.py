@@ -48,6 +48,16 @@ def seeded():
     torch.manual_seed(0)
 
 
+def failure(check, candidate):
+    """Run ``check(candidate)``, which must refuse it; return the ``CheckFailure`` (its message, its
+    ``mistake``)."""
+    from course_lib.checks import CheckFailure
+
+    with pytest.raises(CheckFailure) as info:
+        check(candidate)
+    return info.value
+
+
 def passes(check, candidate, *args, **kwargs) -> bool:
     """Run ``check(candidate, ...)``: True if it passed (checkers return None and raise on a mistake)."""
     from course_lib.checks import has_passed

@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from _helpers import passes
+from _helpers import failure, passes
 from torch import nn
 
 from course_lib.checks import (
@@ -21,12 +21,6 @@ from course_lib.checks import (
 from course_lib.checks.lesson15_adapters import adapter_bytes_answer
 
 TARGETS = ("q_proj", "k_proj", "v_proj", "out_proj", "linear1", "linear2")
-
-
-def failure(check, candidate) -> CheckFailure:
-    with pytest.raises(CheckFailure) as info:
-        check(candidate)
-    return info.value
 
 
 # ----------------------------------------------------------------------------------------------

@@ -9,22 +9,16 @@ import math
 
 import pytest
 import torch
-from _helpers import passes
+from _helpers import failure, passes
 from torch import nn
 
 from course_lib.checks import (
-    CheckFailure, check_adapter_bytes, check_add_lora, check_lora_linear, check_lora_params,
+    check_adapter_bytes, check_add_lora, check_lora_linear, check_lora_params,
     check_merge_fix,
 )
 from course_lib.checks.lesson15_adapters import adapter_bytes_answer
 
 TARGETS = ("q_proj", "k_proj", "v_proj", "out_proj", "linear1", "linear2")
-
-
-def failure(check, candidate) -> CheckFailure:
-    with pytest.raises(CheckFailure) as info:
-        check(candidate)
-    return info.value
 
 
 # ----------------------------------------------------------------------------------------------

@@ -12,21 +12,15 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from _helpers import assert_checkers_keep_random_state, passes, solution_namespace
+from _helpers import assert_checkers_keep_random_state, failure, passes, solution_namespace
 from torch import nn
 
-from course_lib.checks import CheckFailure, check_dpo_at_start, check_dpo_fix, check_dpo_loss
+from course_lib.checks import check_dpo_at_start, check_dpo_fix, check_dpo_loss
 from course_lib.dpo import chosen_rejected_log_probs, dpo_loss
 
 START = solution_namespace("16.dpo_at_start")["predicted_dpo_at_start"]
 LOSS = solution_namespace("16.dpo_loss")["my_dpo_loss"]
 FIX = solution_namespace("16.dpo_fix")["dpo_train_fixed"]
-
-
-def failure(check, candidate) -> CheckFailure:
-    with pytest.raises(CheckFailure) as info:
-        check(candidate)
-    return info.value
 
 
 # ---- check_dpo_at_start ---------------------------------------------------------------------------

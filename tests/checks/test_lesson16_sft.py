@@ -8,22 +8,15 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from _helpers import assert_checkers_keep_random_state, passes, solution_namespace
+from _helpers import assert_checkers_keep_random_state, failure, passes, solution_namespace
 
-from course_lib.checks import (CheckFailure, check_label_count, check_sequence_log_probs,
-                               check_sft_labels)
+from course_lib.checks import check_label_count, check_sequence_log_probs, check_sft_labels
 from course_lib.checks import lesson16_sft
 from course_lib.dpo import sequence_log_probs as course_sequence_log_probs
 
 COUNT = solution_namespace("16.label_count")["predicted_label_count"]
 LABELS = solution_namespace("16.sft_labels")["sft_labels"]
 LOGPS = solution_namespace("16.sequence_log_probs")["my_sequence_log_probs"]
-
-
-def failure(check, candidate) -> CheckFailure:
-    with pytest.raises(CheckFailure) as info:
-        check(candidate)
-    return info.value
 
 
 # ---- check_label_count ----------------------------------------------------------------------------

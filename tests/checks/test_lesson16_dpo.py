@@ -6,6 +6,7 @@ named, course_lib's and TRL's versions are refused, and no Debug message gives t
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 
@@ -155,7 +156,7 @@ def test_dpo_loss_bad_input_and_refusal():
 def train(sft_model, input_ids, labels, beta, lr, steps, freeze="no_grad", optimize="policy", slip=""):
     """DPO as the learner might write it: the reference frozen one way or another (or not), and
     ``slip`` one of the tryouts' mistakes: "optimizer" (AdamW made anew every step), "swapped" (the
-    reference's chosen and rejected traded), "reference_is_policy"."""
+    reference's chosen and rejected traded), "reference_is_policy", "sgd", "no_zero_grad", "reference_first", "all_no_grad" (the policy's pass under no_grad too)."""
     policy, reference = copy.deepcopy(sft_model), copy.deepcopy(sft_model)
     if freeze == "requires_grad":
         reference.requires_grad_(False)
@@ -166,7 +167,8 @@ def train(sft_model, input_ids, labels, beta, lr, steps, freeze="no_grad", optim
             optimizer.zero_grad = lambda *a, **k: None
         if slip in ("optimizer", "sgd"):  # (SGD: made anew each step, as it keeps no state)
             optimizer = (torch.optim.SGD if slip == "sgd" else torch.optim.AdamW)(policy.parameters(), lr=lr)
-        chosen, rejected = chosen_rejected_log_probs(policy, input_ids, labels)
+        with torch.no_grad() if slip == "all_no_grad" else contextlib.nullcontext():
+            chosen, rejected = chosen_rejected_log_probs(policy, input_ids, labels)
         if freeze == "no_grad":
             with torch.no_grad():
                 ref_chosen, ref_rejected = chosen_rejected_log_probs(
@@ -249,20 +251,7 @@ def test_dpo_fix_a_reference_taken_from_the_policy_and_a_policy_that_stands_stil
 
     assert failure(check_dpo_fix, one_object).mistake == "policy and reference one object"
 
-    def all_no_grad(sft_model, input_ids, labels, beta, lr, steps):
-        policy, reference = copy.deepcopy(sft_model), copy.deepcopy(sft_model)
-        optimizer = torch.optim.AdamW(policy.parameters(), lr=lr)
-        for _ in range(steps):
-            with torch.no_grad():
-                chosen, rejected = chosen_rejected_log_probs(policy, input_ids, labels)
-                ref_chosen, ref_rejected = chosen_rejected_log_probs(reference, input_ids, labels)
-            loss = dpo_loss(chosen, rejected, ref_chosen, ref_rejected, beta).losses.mean()
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-        return policy, reference
-
-    err = failure(check_dpo_fix, all_no_grad)
+    err = failure(check_dpo_fix, slipped("all_no_grad"))
     assert err.mistake == "the policy's log-probabilities outside autograd" and "no_grad" not in str(err)
     err = failure(check_dpo_fix, slipped("reference_first"))
     assert err.mistake == "the policy's and the reference's log-probabilities traded places" and "REJECTED" in str(err)

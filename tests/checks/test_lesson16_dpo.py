@@ -156,7 +156,8 @@ def test_dpo_loss_bad_input_and_refusal():
 def train(sft_model, input_ids, labels, beta, lr, steps, freeze="no_grad", optimize="policy", slip=""):
     """DPO as the learner might write it: the reference frozen one way or another (or not), and
     ``slip`` one of the tryouts' mistakes: "optimizer" (AdamW made anew every step), "swapped" (the
-    reference's chosen and rejected traded), "reference_is_policy", "sgd", "no_zero_grad", "reference_first", "all_no_grad" (the policy's pass under no_grad too)."""
+    reference's chosen and rejected traded), "reference_is_policy", "sgd", "no_zero_grad",
+    "reference_first", "all_no_grad" (the policy's pass under no_grad too)."""
     policy, reference = copy.deepcopy(sft_model), copy.deepcopy(sft_model)
     if freeze == "requires_grad":
         reference.requires_grad_(False)

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -354,10 +355,27 @@ def _learner_train(fn: Callable[..., Any], model: GPT, batches: list, recipe: LM
     return got
 
 
-def max_diff(a: torch.nn.Module, b: torch.nn.Module) -> float:
-    """The largest difference between two models' parameters (float64)."""
+def max_diff(a: torch.nn.Module, b: torch.nn.Module | tuple[torch.Tensor, ...]) -> float:
+    """The largest difference between two models' parameters (float64); ``b`` may also be the
+    tuple of a model's parameters."""
+    theirs = b if isinstance(b, tuple) else tuple(b.parameters())
     return max((p.detach().double() - q.detach().double()).abs().max().item()
-               for p, q in zip(a.parameters(), b.parameters()))
+               for p, q in zip(a.parameters(), theirs))
+
+
+@functools.lru_cache(maxsize=None)
+def _variant_weights(seed: int, index: int) -> tuple[torch.Tensor, ...] | None:
+    """The parameters after ``train_case(seed)`` trained with mistake ``index`` of
+    ``_TRAIN_MISTAKES``, or None where that variant cannot run on the case. Computed once per
+    process: the case and the variant are fixed, and the 45 variants of both cases cost seconds
+    (a second wrong answer is named at once)."""
+    model, batches, recipe = train_case(seed)
+    try:
+        with torch.random.fork_rng(devices=[]), one_thread():
+            train_variant(model, batches, recipe, **_TRAIN_MISTAKES[index][0])
+    except RuntimeError:  # a variant that cannot run on this case does not match
+        return None
+    return tuple(p.detach().clone() for p in model.parameters())
 
 
 def _check_lm_train(fn: Callable[..., Any]) -> None:
@@ -400,13 +418,9 @@ def _check_lm_train(fn: Callable[..., Any]) -> None:
                                    f"per-step training losses ({case}): one loss.item() per step, "
                                    "computed before that step's update.")
             continue
-        for knobs, message in _TRAIN_MISTAKES:
-            variant_model = train_case(seed)[0]
-            try:
-                train_variant(variant_model, batches, recipe, **knobs)
-            except RuntimeError:  # a variant that cannot run on this case does not match
-                continue
-            if max_diff(model, variant_model) <= 10 * TRAIN_ATOL:
+        for index, (_, message) in enumerate(_TRAIN_MISTAKES):
+            variant = _variant_weights(seed, index)
+            if variant is not None and max_diff(model, variant) <= 10 * TRAIN_ATOL:
                 raise CheckFailure(f"Likely mistake ({case}): {message}.", mistake=message)
         same = next((s for s, (a, b) in enumerate(zip(got_losses, expected))
                      if not math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9)), None)

@@ -105,8 +105,7 @@ def build() -> tuple[list[Submission], list[Submission]]:
                             cases=cases))
 
     add("correct", solve(lesson("00"), *L00), [1, 1, 1])
-    add("partial", solve(lesson("00"), "00.broadcast"), [1, 0, 0])
-    add("not_attempted", lesson("00"), [0, 0, 0])
+    add("partial", solve(lesson("00"), "00.broadcast"), [1, 0, 0])  # and two exercises not attempted
     name = KERNEL_MISTAKES[0]  # (the other one: fake_deleted_check_mistake_none below)
     add(f"mistake_{name}", solve(solve(lesson("00"), *L00), "00.gradient",
                                  source=GRADIENT.format(GRADIENT_MISTAKES[name][0])), [1, 0, 1])

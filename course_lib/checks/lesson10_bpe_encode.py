@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import functools
-import gc
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -21,7 +20,7 @@ from typing import Any
 from ..tokenization import merge as reference_merge  # left to right, never overlapping
 from .common import CheckFailure, checker
 from .lesson10_tokenization import (
-    FETCH, allowed_helpers, budget_in_words, gpt2_chunks, id_list, in_seconds,
+    FETCH, allowed_helpers, budget_in_words, collector_paused, gpt2_chunks, id_list, in_seconds,
     raise_first_explaining, refuse_hand_in, run_alone, short_list,
 )
 
@@ -394,10 +393,7 @@ def _check_encode_speed(fn: Callable[..., Any], allowed: frozenset, what: str, h
     budget, and would otherwise land now and then in the learner's run."""
     merges, text = gpt2_byte_level_merges(), _speed_text()
     label = f"{_ENCODE_SPEED_WORDS} distinct made-up words such as {gpt2_chunks(text)[0]!r}"
-    collecting = gc.isenabled()
-    gc.collect()
-    gc.disable()
-    try:
+    with collector_paused():
         times = []
         for _ in range(_ENCODE_SPEED_REPEATS):
             begin = time.process_time()
@@ -415,7 +411,4 @@ def _check_encode_speed(fn: Callable[..., Any], allowed: frozenset, what: str, h
                      "the next merge: going over all 50,000 merges (in rank order, or sorting "
                      "them) for each word costs hundreds of times more than looking at the "
                      "word's own adjacent pairs, of which there are three.")
-    finally:
-        if collecting:
-            gc.enable()
     _name_encode_mistake([(label, text, merges, id_list(got, label), expected)])

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import hashlib
 import numbers
 import signal
@@ -399,6 +400,21 @@ def short_list(pieces: list[str]) -> str:
 def in_seconds(seconds: float) -> str:
     """A CPU time for a message: "1.23 s", or "2.4 ms" below a tenth of a second."""
     return f"{seconds:.2f} s" if seconds >= 0.1 else f"{seconds * 1000:.1f} ms"
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's garbage collector run once, then paused for the block (the speed tests' timings:
+    one full collection in a process holding many objects can cost more than the run it lands in);
+    on again afterwards if it was on."""
+    collecting = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if collecting:
+            gc.enable()
 
 
 def budget_in_words(ratio: float, reference: float, budget: float, what: str) -> str:

@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import functools
-import gc
 import numbers
 import time
 from collections.abc import Callable
@@ -23,8 +22,8 @@ from ..tokenization import merge as reference_merge  # left to right, never over
 from .common import CheckFailure, checker
 from .lesson10_merge import merge_overlapping
 from .lesson10_tokenization import (
-    allowed_helpers, budget_in_words, gpt2_chunks, raise_first_explaining, refuse_hand_in,
-    run_alone, short,
+    allowed_helpers, budget_in_words, collector_paused, gpt2_chunks, raise_first_explaining,
+    refuse_hand_in, run_alone, short,
 )
 
 __all__ = ["check_train_bpe"]
@@ -363,10 +362,7 @@ def _check_train_speed(fn: Callable[..., Any], allowed: frozenset, what: str) ->
     text, num_merges = _speed_plays(), _TRAIN_SPEED_MERGES
     label = (f"the first {len(text):,} characters of the training plays, "
              f"num_merges={num_merges}")
-    collecting = gc.isenabled()
-    gc.collect()
-    gc.disable()
-    try:
+    with collector_paused():
         times: list[float] = []
         while len(times) < 3 and sum(times) < _TRAIN_SPEED_TIMING:
             begin = time.process_time()
@@ -387,9 +383,6 @@ def _check_train_speed(fn: Callable[..., Any], allowed: frozenset, what: str) ->
                      "loop: counting every pair of every chunk again after each merge goes over "
                      f"the whole megabyte {num_merges} times, while a merge changes the counts "
                      "of only a few pairs, in the chunks that hold the merged pair.")
-    finally:
-        if collecting:
-            gc.enable()
     items = _merges_output(got, label)
     expected = sorted(course.items(), key=lambda item: item[1])
     if items != expected:
